@@ -1,0 +1,65 @@
+"""The commands notify trigger, declared with django-pgtrigger.
+
+A command that becomes PENDING or DEFERRED wakes executors at commit through
+``pg_notify('vertique_workflow_commands', <available_at in epoch ms>)``. The
+payload names no instance: it is only a hint of when work becomes available.
+
+django-pgtrigger creates its trigger function (and its ignore helper)
+unqualified or in ``PGTRIGGER_SCHEMA``. With a placement every workflow object
+must live in the workflow schema, so :class:`PlacedTriggerSql` qualifies both
+functions with the schema of ``tables.py``; without a placement the SQL is
+exactly django-pgtrigger's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pgtrigger
+from pgtrigger import compiler
+
+from . import tables
+
+NOTIFY_TRIGGER_NAME = "workflow_commands_notify"
+
+
+class PlacedTriggerSql(compiler.UpsertTriggerSql):
+    """pgtrigger's install SQL with the trigger function created as ``execute`` names it.
+
+    ``execute`` is ``"<schema>".<pgid>()`` under a placement, so the function
+    is created (and called) in the workflow schema.
+    """
+
+    def get_template(self) -> str:
+        return super().get_template().replace(
+            "CREATE OR REPLACE FUNCTION {pgid}()", "CREATE OR REPLACE FUNCTION {execute}"
+        )
+
+
+class CommandNotifyTrigger(pgtrigger.Trigger):
+    """AFTER INSERT OR UPDATE OF state, available_at, when NEW.state is PENDING or DEFERRED."""
+
+    name = NOTIFY_TRIGGER_NAME
+    when = pgtrigger.After
+    operation = pgtrigger.Insert | pgtrigger.UpdateOf("state", "available_at")
+    condition = pgtrigger.Q(new__state__in=["PENDING", "DEFERRED"])
+    func = (
+        f"PERFORM pg_notify('{tables.NOTIFY_CHANNEL}', "
+        "(floor(extract(epoch FROM NEW.available_at) * 1000))::bigint::text); "
+        "RETURN NULL;"
+    )
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("name", self.name)
+        super().__init__(**kwargs)
+
+    def render_execute(self, model: Any) -> str:
+        return f"{tables.qualified_object(self.get_pgid(model))}()"
+
+    def compile(self, model: Any) -> compiler.Trigger:
+        compiled = super().compile(model)
+        if tables.SCHEMA is None:
+            return compiled
+        kwargs = dict(compiled.sql.kwargs)
+        kwargs["ignore_func_name"] = tables.qualified_object("_pgtrigger_should_ignore")
+        return compiler.Trigger(name=compiled.name, sql=PlacedTriggerSql(**kwargs))
