@@ -198,8 +198,10 @@ def stop(bindir: Path, data: Path, user: str | None) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pg", default="default",
-                        help="18/wheel (default), 15 or another major (system), system, or a bindir")
+    parser.add_argument(
+        "--pg", default="default",
+        help="18/wheel (default), 15 or another major (system), system, or a bindir",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -66,6 +66,23 @@ class TimerKind(models.TextChoices):
     REMINDER = "REMINDER"
 
 
+class TimerPurpose(models.TextChoices):
+    """Why a timer exists; the TIMER command's ``timer_kind`` follows from it."""
+
+    STEP = "STEP"
+    SIGNAL_TIMEOUT = "SIGNAL_TIMEOUT"
+    TASK_DUE = "TASK_DUE"
+    TASK_REMINDER = "TASK_REMINDER"
+
+
+TIMER_KIND_OF_PURPOSE = {
+    TimerPurpose.STEP: TimerKind.FIRE,
+    TimerPurpose.SIGNAL_TIMEOUT: TimerKind.TIMEOUT,
+    TimerPurpose.TASK_DUE: TimerKind.DUE,
+    TimerPurpose.TASK_REMINDER: TimerKind.REMINDER,
+}
+
+
 class TimerStatus(models.TextChoices):
     SCHEDULED = "SCHEDULED"
     FIRED = "FIRED"
@@ -206,7 +223,7 @@ class WorkflowTimer(models.Model):
     id = models.UUIDField(primary_key=True)
     workflow_id = models.UUIDField()
     step_id = models.CharField(max_length=255)
-    purpose = models.CharField(max_length=16)
+    purpose = models.CharField(max_length=32)
     fire_at = models.DateTimeField()
     status = models.CharField(max_length=16)
     task_id = models.UUIDField(null=True, blank=True)
@@ -225,7 +242,7 @@ class WorkflowTimer(models.Model):
         indexes = [models.Index(fields=["workflow_id", "status"], name="wf_timer_workflow_idx")]
         constraints = [
             models.CheckConstraint(condition=_in("status", TimerStatus), name="workflow_timers_status_check"),
-            models.CheckConstraint(condition=_in("purpose", TimerKind), name="workflow_timers_purpose_check"),
+            models.CheckConstraint(condition=_in("purpose", TimerPurpose), name="workflow_timers_purpose_check"),
         ]
 
 

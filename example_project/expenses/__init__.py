@@ -1,0 +1,1 @@
+"""Demo app of the example project: expense approval workflows."""
