@@ -7,6 +7,7 @@ server; a user-configured ``DATABASE_URL`` or ``PG*`` server is used as is.
 
 from __future__ import annotations
 
+import json
 import os
 
 from vertique_workflow.dev_database import database_settings
@@ -52,4 +53,6 @@ VERTIQUE_WORKFLOW = {
     "POLL_INTERVAL_MS": 200,
     "BACKOFF_BASE_MS": 10,
     "BACKOFF_MAX_MS": 50,
+    # subprocess tests add (or misspell) keys through this variable
+    **json.loads(os.environ.get("VERTIQUE_TEST_SETTINGS_JSON") or "{}"),
 }

@@ -1,0 +1,61 @@
+"""Shared fixtures: every test runs against the real PostgreSQL of the environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def server_params(dbname: str) -> dict[str, Any]:
+    db = settings.DATABASES["default"]
+    params = {"host": db["HOST"], "port": db["PORT"], "user": db["USER"],
+              "password": db["PASSWORD"], "dbname": dbname}
+    return {k: v for k, v in params.items() if v not in ("", None)}
+
+
+def connect(dbname: str, **kwargs: Any) -> psycopg.Connection:
+    return psycopg.connect(**server_params(dbname), **kwargs)
+
+
+def database_url(dbname: str) -> str:
+    db = settings.DATABASES["default"]
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgresql://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{dbname}"
+
+
+def run_manage(*args: str, dbname: str, schema: str | None = None,
+               check: bool = True, extra_env: dict[str, str] | None = None,
+               ) -> subprocess.CompletedProcess[str]:
+    """Run ``django-admin <args>`` with the test settings against another database."""
+    env = dict(os.environ, DATABASE_URL=database_url(dbname),
+               DJANGO_SETTINGS_MODULE="tests.settings", VERTIQUE_TEST_SCHEMA=schema or "")
+    env.update(extra_env or {})
+    result = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"django-admin {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture
+def scratch_database(django_db_blocker: Any) -> Iterator[str]:
+    """A new, empty database on the test server, dropped afterwards."""
+    name = f"vw_scratch_{uuid.uuid4().hex[:10]}"
+    with django_db_blocker.unblock(), connect("postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with django_db_blocker.unblock(), connect("postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

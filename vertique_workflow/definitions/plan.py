@@ -1,0 +1,399 @@
+"""The plan: the immutable, validated graph of steps the engine drives.
+
+A plan is data. The code DSL and (later) documents both compile to it, the
+engine reads nothing else, and its hash -- over the structure, never over
+callback bodies -- is what instances are pinned to. Building a ``Plan``
+validates it, so an invalid plan cannot exist.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from ..exceptions import WorkflowDefinitionError, WorkflowValidationError
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
+
+__all__ = ["STEP_KINDS", "FrozenMap", "Plan", "Step", "StepKind", "callable_name"]
+
+StepKind = Literal["action", "decision", "wait", "end", "fail"]
+STEP_KINDS: frozenset[str] = frozenset(get_args(StepKind))
+
+_MAX_NAMES_IN_MESSAGE = 5
+
+
+def callable_name(obj: Any) -> str:
+    """``module.qualname`` of a function or class: what the plan hash covers instead of code."""
+    module = getattr(obj, "__module__", None) or "?"
+    qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"{module}.{qualname}"
+
+
+class FrozenMap(Mapping[str, str]):
+    """A small read-only, hashable mapping, so a ``Step`` stays immutable and hashable."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
+        self._data: dict[str, str] = dict(items)
+
+    def __getitem__(self, key: str) -> str:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._data.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+
+def _names(value: Any, what: str, step_id: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise WorkflowDefinitionError(
+            f"step {step_id!r}: {what} must be a list of names", step_id=step_id
+        ) from None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One node of the plan; which fields matter depends on ``kind``.
+
+    ``action``: ``callback(state, ctx) -> state`` then ``next``.
+    ``decision``: ``callback(state, ctx) -> step id``, one of ``targets``.
+    ``wait``: stops until one of ``signals`` arrives; ``apply`` (or the
+    default merge) folds the payload into the state, then ``on_signal[name]``
+    or ``next``. ``end`` completes; ``fail`` fails with ``reason``.
+
+    ``callback_name``/``apply_name`` default to the callable's
+    ``module.qualname``; the plan hash covers these names, not the code.
+    """
+
+    id: str
+    kind: StepKind
+    next: str | None = None
+    callback: Callable[..., Any] | None = None
+    callback_name: str | None = None
+    targets: tuple[str, ...] = ()
+    signals: tuple[str, ...] = ()
+    on_signal: Mapping[str, str] = field(default_factory=FrozenMap)
+    apply: Callable[..., Any] | None = None
+    apply_name: str | None = None
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        put(self, "targets", _names(self.targets, "targets", self.id))
+        put(self, "signals", _names(self.signals, "signals", self.id))
+        try:
+            put(self, "on_signal", FrozenMap(self.on_signal or {}))
+        except (TypeError, ValueError):
+            raise WorkflowDefinitionError(
+                f"step {self.id!r}: on_signal must map signal names to step ids",
+                step_id=self.id,
+            ) from None
+        if self.callback is not None and self.callback_name is None:
+            put(self, "callback_name", callable_name(self.callback))
+        if self.apply is not None and self.apply_name is None:
+            put(self, "apply_name", callable_name(self.apply))
+
+    def canonical(self) -> dict[str, Any]:
+        """The hashed structure of the step.
+
+        Fields at their default are left out, so a field added by a later
+        release does not change the hash of plans that do not use it.
+        Targets and signals are sets: their declaration order is not hashed.
+        """
+        data: dict[str, Any] = {"kind": self.kind}
+        if self.next is not None:
+            data["next"] = self.next
+        if self.callback_name is not None:
+            data["callback_name"] = self.callback_name
+        if self.targets:
+            data["targets"] = sorted(self.targets)
+        if self.signals:
+            data["signals"] = sorted(self.signals)
+        if self.on_signal:
+            data["on_signal"] = dict(sorted(self.on_signal.items()))
+        if self.apply_name is not None:
+            data["apply_name"] = self.apply_name
+        if self.reason is not None:
+            data["reason"] = self.reason
+        return data
+
+
+def _name_list(names: Iterable[str]) -> str:
+    shown = sorted(str(name)[:64] for name in names)
+    more = len(shown) - _MAX_NAMES_IN_MESSAGE
+    text = ", ".join(repr(name) for name in shown[:_MAX_NAMES_IN_MESSAGE])
+    return f"{text} and {more} more" if more > 0 else text
+
+
+def _json_value(value: Any, path: str) -> Any:
+    """A JSON-only deep copy of ``value``; a ``TypeError`` naming the path (never the value)."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError(f"{path} holds a non-finite float, which JSON cannot store")
+        return value
+    if isinstance(value, dict):
+        result = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{path} has a {type(key).__name__} key; JSON keys are strings")
+            result[key] = _json_value(item, f"{path}.{key}")
+        return result
+    if isinstance(value, list | tuple):
+        return [_json_value(item, f"{path}[{index}]") for index, item in enumerate(value)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _json_value(getattr(value, f.name), f"{path}.{f.name}")
+            for f in dataclasses.fields(value)
+        }
+    raise TypeError(f"{path} holds a {type(value).__name__}, which is not JSON-serialisable")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Plan:
+    """A validated workflow definition: identity, state type, signals and steps.
+
+    ``steps`` keeps declaration order (for diagrams and listings); use
+    ``Plan.from_steps`` to build one from a sequence of steps. Plans compare
+    by identity: compare ``plan_hash`` to ask "same structure?".
+    """
+
+    id: str
+    version: int
+    contract: str
+    start: str
+    steps: Mapping[str, Step]
+    state_type: type | None = None
+    state_type_name: str = ""
+    signals: Mapping[str, dict[str, Any] | None] = field(default_factory=dict)
+    start_schema: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        from .validation import validate
+
+        put = object.__setattr__
+        if isinstance(self.steps, Mapping):
+            put(self, "steps", MappingProxyType(dict(self.steps)))
+        if isinstance(self.signals, Mapping):
+            put(self, "signals", MappingProxyType(copy.deepcopy(dict(self.signals))))
+        put(self, "start_schema", copy.deepcopy(self.start_schema))
+        if not self.state_type_name:
+            name = "dict" if self.state_type is None else callable_name(self.state_type)
+            put(self, "state_type_name", name)
+        validate(self)
+
+    @classmethod
+    def from_steps(cls, steps: Iterable[Step], **fields: Any) -> Plan:
+        """Build a plan from steps in declaration order, refusing duplicate ids."""
+        by_id: dict[str, Step] = {}
+        for step in steps:
+            if step.id in by_id:
+                raise WorkflowDefinitionError(
+                    f"workflow {fields.get('id')!r} step {step.id!r}: step id declared twice",
+                    definition_id=fields.get("id"),
+                    step_id=step.id,
+                )
+            by_id[step.id] = step
+        return cls(steps=by_id, **fields)
+
+    # -- identity ---------------------------------------------------------
+
+    def canonical(self) -> dict[str, Any]:
+        """The JSON structure the hash covers: everything but callables, keys sorted."""
+        raw = {
+            "id": self.id,
+            "version": self.version,
+            "contract": self.contract,
+            "state_type_name": self.state_type_name,
+            "start": self.start,
+            "signals": dict(self.signals),
+            "start_schema": self.start_schema,
+            "steps": {step.id: step.canonical() for step in self.steps.values()},
+        }
+        result: dict[str, Any] = json.loads(json.dumps(raw, sort_keys=True))
+        return result
+
+    @cached_property
+    def plan_hash(self) -> str:
+        """SHA-256 (lowercase hex) of the canonical structure, dumped compactly with sorted keys."""
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def step(self, step_id: str) -> Step:
+        """The step with this id; an unknown id is a definition error (a stale pin or a bug)."""
+        try:
+            return self.steps[step_id]
+        except KeyError:
+            raise WorkflowDefinitionError(
+                f"workflow {self.id!r} version {self.version} has no step {step_id!r}",
+                definition_id=self.id,
+                step_id=step_id,
+            ) from None
+
+    # -- state ------------------------------------------------------------
+
+    def state_from_json(self, data: dict[str, Any] | None) -> Any:
+        """The state callbacks see, built from stored JSON (a private copy).
+
+        A dataclass state refuses unknown and missing fields with
+        ``WorkflowValidationError``. Nested values stay as JSON (dicts and
+        lists): only the top-level dataclass is rebuilt.
+        """
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise WorkflowValidationError(
+                f"state of workflow {self.id!r} must be a JSON object, not {type(data).__name__}"
+            )
+        data = copy.deepcopy(data)
+        if self.state_type is None:
+            return data
+        fields = [f for f in dataclasses.fields(self.state_type) if f.init]
+        unknown = set(data) - {f.name for f in fields}
+        if unknown:
+            raise WorkflowValidationError(
+                f"state of workflow {self.id!r} has fields {self.state_type_name} does not "
+                f"declare: {_name_list(unknown)}"
+            )
+        missing = [
+            f.name
+            for f in fields
+            if f.name not in data
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise WorkflowValidationError(
+                f"state of workflow {self.id!r} lacks required fields of "
+                f"{self.state_type_name}: {_name_list(missing)}"
+            )
+        return self.state_type(**data)
+
+    def state_to_json(self, state: Any) -> dict[str, Any]:
+        """The JSON to store for a state: a deep copy holding only JSON types.
+
+        Raises ``TypeError`` naming the offending field path (never its value)
+        when the state is of the wrong type or holds something JSON cannot
+        store (a datetime, a set, NaN, a non-string key).
+        """
+        if self.state_type is None:
+            if not isinstance(state, dict):
+                raise TypeError(
+                    f"state of workflow {self.id!r} must be a dict, not {type(state).__name__}"
+                )
+        elif not isinstance(state, self.state_type):
+            raise TypeError(
+                f"state of workflow {self.id!r} must be a {self.state_type_name}, "
+                f"not {type(state).__name__}"
+            )
+        result: dict[str, Any] = _json_value(state, "state")
+        return result
+
+    # -- signals ----------------------------------------------------------
+
+    def next_after_signal(self, step: Step, name: str) -> str | None:
+        """Where a wait step goes after ``name``; None when the step does not accept it."""
+        if name not in step.signals:
+            return None
+        return step.on_signal.get(name, step.next)
+
+    def apply_signal(self, step: Step, state: Any, name: str, payload: Any, ctx: Any) -> Any:
+        """Fold a signal's payload into the state at a wait step.
+
+        ``step.apply(state, name, payload, ctx)`` when given. Otherwise a
+        merge: a dict state becomes ``state | payload``; a dataclass state is
+        ``dataclasses.replace``-d with the payload's keys, which must be
+        declared fields. A ``None`` payload leaves the state unchanged.
+        """
+        if name not in step.signals:
+            raise WorkflowValidationError(
+                f"step {step.id!r} of workflow {self.id!r} does not accept signal {name!r}"
+            )
+        if step.apply is not None:
+            return step.apply(state, name, payload, ctx)
+        if payload is None:
+            return state
+        if not isinstance(payload, dict):
+            raise WorkflowValidationError(
+                f"payload of signal {name!r} must be a JSON object to merge into the state of "
+                f"workflow {self.id!r}, not {type(payload).__name__}"
+            )
+        payload = copy.deepcopy(payload)
+        if self.state_type is None:
+            return {**state, **payload}
+        allowed = {f.name for f in dataclasses.fields(self.state_type) if f.init}
+        unknown = set(payload) - allowed
+        if unknown:
+            raise WorkflowValidationError(
+                f"payload of signal {name!r} has fields {self.state_type_name} does not "
+                f"declare: {_name_list(unknown)}"
+            )
+        return dataclasses.replace(state, **payload)
+
+    # -- payload schemas --------------------------------------------------
+
+    @cached_property
+    def _validators(self) -> dict[str | None, Validator]:
+        from jsonschema import Draft202012Validator
+
+        found: dict[str | None, Validator] = {}
+        if self.start_schema is not None:
+            found[None] = Draft202012Validator(self.start_schema)
+        for name, schema in self.signals.items():
+            if schema is not None:
+                found[name] = Draft202012Validator(schema)
+        return found
+
+    def check_start_payload(self, payload: Any) -> None:
+        """Refuse a start payload that fails ``start_schema`` (``WorkflowValidationError``)."""
+        self._check(None, payload, f"start payload of workflow {self.id!r}")
+
+    def check_signal_payload(self, name: str, payload: Any) -> None:
+        """Refuse an undeclared signal, or a payload failing its schema (``WorkflowValidationError``)."""
+        if name not in self.signals:
+            raise WorkflowValidationError(
+                f"workflow {self.id!r} version {self.version} declares no signal {str(name)[:64]!r}"
+            )
+        self._check(name, payload, f"payload of signal {name!r} of workflow {self.id!r}")
+
+    def _check(self, key: str | None, payload: Any, what: str) -> None:
+        from jsonschema.exceptions import best_match
+
+        validator = self._validators.get(key)
+        if validator is None:
+            return
+        error = best_match(validator.iter_errors(payload))
+        if error is None:
+            return
+        # The path and the failed keyword only: error.message quotes the value.
+        rule = f"{error.validator!r} rule failed"
+        if error.validator == "required" and isinstance(error.instance, dict):
+            missing = [n for n in error.validator_value if n not in error.instance]
+            rule = f"missing required {_name_list(missing)}"
+        raise WorkflowValidationError(
+            f"{what} does not match its schema at {error.json_path}: {rule}"
+        )

@@ -1,0 +1,98 @@
+"""The exception hierarchy of vertique_workflow.
+
+Every error carries a ``reason_code`` so callers (views, the executor, the
+``last_error`` columns) can classify a failure without parsing its message.
+Messages name identifiers (definition ids, step ids, signal names, field
+names) but never payload or state values: they may reach end users and logs
+that must not hold business data.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "ContractMismatch",
+    "NonRetryable",
+    "WorkflowConflict",
+    "WorkflowDefinitionError",
+    "WorkflowError",
+    "WorkflowNotFound",
+    "WorkflowPersistenceError",
+    "WorkflowValidationError",
+]
+
+
+class WorkflowError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    reason_code: ClassVar[str] = "ERROR"
+
+
+class WorkflowNotFound(WorkflowError):
+    """The instance, task or definition asked for does not exist (HTTP 404)."""
+
+    reason_code: ClassVar[str] = "NOT_FOUND"
+
+
+class WorkflowConflict(WorkflowError):
+    """Key reuse, an optimistic conflict or an invalid transition (HTTP 409)."""
+
+    reason_code: ClassVar[str] = "CONFLICT"
+
+
+class WorkflowValidationError(WorkflowError):
+    """Bad input: an undeclared signal, a payload failing its schema, bad arguments (HTTP 400)."""
+
+    reason_code: ClassVar[str] = "VALIDATION"
+
+
+class WorkflowDefinitionError(WorkflowError):
+    """A workflow definition is malformed, unknown, or disagrees with the registry.
+
+    ``definition_id`` and ``step_id`` repeat what the message names, so tools
+    can point at the offending place without parsing text.
+    """
+
+    reason_code: ClassVar[str] = "DEFINITION"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        definition_id: str | None = None,
+        step_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.definition_id = definition_id
+        self.step_id = step_id
+
+
+class ContractMismatch(WorkflowDefinitionError):
+    """Two versions of a definition name different contracts or state types."""
+
+    reason_code: ClassVar[str] = "CONTRACT_MISMATCH"
+
+
+class WorkflowPersistenceError(WorkflowError):
+    """The database refused or lost a statement (HTTP 500).
+
+    ``retryable`` says whether running the whole transaction again may succeed
+    (serialization failure, deadlock, lock timeout, lost connection).
+    """
+
+    reason_code: ClassVar[str] = "PERSISTENCE"
+
+    def __init__(self, message: str = "", *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class NonRetryable(WorkflowError):
+    """Raised by workflow code to fail the instance at once, without retries.
+
+    Use it for errors that running the step again cannot fix (a business rule
+    violated, a referenced record gone); any other exception is retried.
+    """
+
+    reason_code: ClassVar[str] = "NON_RETRYABLE"
