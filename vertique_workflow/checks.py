@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +25,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         ]
     for key in workflow_settings.unknown_keys():
-        close = [name for name in DEFAULTS if name.replace("_", "") == key.upper().replace("_", "")]
+        close = difflib.get_close_matches(str(key).upper(), list(DEFAULTS), n=1, cutoff=0.75)
         hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
         errors.append(
             checks.Error(f"{SETTING_NAME} has an unknown key {key!r}.", hint=hint,

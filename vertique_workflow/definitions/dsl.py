@@ -1,0 +1,296 @@
+"""The code DSL: a workflow class whose steps read top to bottom like the diagram.
+
+Each step is a named attribute (``done = end()``) or a decorated method
+(``@action(next="route")``); transitions name steps by attribute name. The
+class compiles to a ``Plan`` -- the same data a document compiles to -- on
+the first call of ``plan()``, so an abstract base class is never built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar, cast, get_args, get_origin, overload
+
+from ..exceptions import WorkflowDefinitionError
+from .plan import Plan, Step
+
+__all__ = ["StepSpec", "Workflow", "action", "decision", "end", "fail", "wait"]
+
+S = TypeVar("S")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Class attributes with a meaning of their own: a step may not take these names.
+_RESERVED = frozenset({"id", "version", "contract", "signals", "start_schema", "plan"})
+
+
+@dataclass(frozen=True, eq=False)
+class StepSpec:
+    """A step as declared in a class body, before the class is compiled.
+
+    As a decorated method it still behaves as the method on instances, so
+    a step can be unit-tested by calling it directly.
+    """
+
+    kind: str
+    start: bool = False
+    next: str | None = None
+    targets: tuple[str, ...] = ()
+    signals: tuple[str, ...] = ()
+    on: Mapping[str, str] | None = None
+    apply: Callable[..., Any] | str | None = None
+    reason: str | None = None
+    func: Callable[..., Any] | None = None
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if instance is None or self.func is None:
+            return self
+        return self.func.__get__(instance, owner)
+
+
+@dataclass(frozen=True)
+class _StepDecorator:
+    """What ``action(...)``/``decision(...)`` return before they decorate a method."""
+
+    kind: str
+    start: bool
+    next: str | None = None
+    targets: tuple[str, ...] = ()
+
+    def __call__(self, func: F) -> F:
+        if not inspect.isfunction(func):
+            raise WorkflowDefinitionError(
+                f"@{self.kind} decorates a plain method, not {type(func).__name__}"
+            )
+        spec = StepSpec(
+            self.kind, start=self.start, next=self.next, targets=self.targets, func=func
+        )
+        return cast(F, spec)
+
+
+@overload
+def action(func: F, /) -> F: ...
+@overload
+def action(*, start: bool = False, next: str | None = None) -> Callable[[F], F]: ...
+def action(
+    func: Callable[..., Any] | None = None, /, *, start: bool = False, next: str | None = None
+) -> Any:
+    """Declare a method ``(self, state, ctx) -> state`` as an action step going to ``next``."""
+    decorator = _StepDecorator("action", start=start, next=next)
+    return decorator(func) if func is not None else decorator
+
+
+@overload
+def decision(func: F, /) -> F: ...
+@overload
+def decision(*, targets: list[str] | tuple[str, ...], start: bool = False) -> Callable[[F], F]: ...
+def decision(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    targets: list[str] | tuple[str, ...] = (),
+    start: bool = False,
+) -> Any:
+    """Declare a method ``(self, state[, ctx]) -> step id`` choosing one of ``targets``.
+
+    The targets are declared so the plan (and its diagram) knows every edge
+    without running code; the engine refuses a returned id not among them.
+    """
+    names = (targets,) if isinstance(targets, str) else tuple(targets)
+    decorator = _StepDecorator("decision", start=start, targets=names)
+    return decorator(func) if func is not None else decorator
+
+
+def wait(
+    *signals: str,
+    next: str | None = None,
+    on: Mapping[str, str] | None = None,
+    apply: Callable[..., Any] | str | None = None,
+    start: bool = False,
+) -> StepSpec:
+    """Wait for one of ``signals``; go to ``on[signal]``, else ``next``.
+
+    ``apply`` folds the payload into the state: a callable
+    ``(state, signal_name, payload, ctx) -> state``, or the name of a method
+    of the class with that signature after ``self``. Without it the payload
+    is merged into the state (see ``Plan.apply_signal``).
+    """
+    return StepSpec("wait", start=start, next=next, signals=signals, on=on, apply=apply)
+
+
+def end(*, start: bool = False) -> StepSpec:
+    """Complete the instance."""
+    return StepSpec("end", start=start)
+
+
+def fail(*, reason: str = "FAILED") -> StepSpec:
+    """Fail the instance, recording ``reason`` as its error type."""
+    return StepSpec("fail", reason=reason)
+
+
+class Workflow(Generic[S]):
+    """Base class of code-defined workflows; ``S`` is the state type.
+
+    ``Workflow[SomeDataclass]`` gives a typed state; ``Workflow[dict]`` or a
+    bare ``Workflow`` a plain dict. Subclasses declare ``id``, ``version``,
+    ``contract``, ``signals`` (name -> payload JSON schema or None) and
+    ``start_schema``, then their steps in diagram order.
+    """
+
+    id: ClassVar[str]
+    version: ClassVar[int]
+    contract: ClassVar[str]
+    signals: ClassVar[Mapping[str, dict[str, Any] | None]] = {}
+    start_schema: ClassVar[dict[str, Any] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in _RESERVED:
+            if isinstance(vars(cls).get(name), StepSpec | _StepDecorator):
+                raise WorkflowDefinitionError(
+                    f"workflow class {cls.__qualname__}: {name!r} is reserved, "
+                    "it cannot name a step"
+                )
+
+    @classmethod
+    def plan(cls) -> Plan:
+        """The validated plan of this class, built once and cached per class."""
+        cached = vars(cls).get("_vw_plan")
+        if cached is None:
+            cached = _build(cls)
+            cls._vw_plan = cached  # type: ignore[attr-defined]
+        return cast(Plan, cached)
+
+
+def _class_error(cls: type, rule: str) -> WorkflowDefinitionError:
+    definition_id = getattr(cls, "id", None)
+    return WorkflowDefinitionError(
+        f"workflow class {cls.__qualname__} ({definition_id!r}): {rule}",
+        definition_id=definition_id if isinstance(definition_id, str) else None,
+    )
+
+
+def _state_type(cls: type[Workflow[Any]]) -> type | None:
+    for klass in cls.__mro__:
+        for base in vars(klass).get("__orig_bases__", ()):
+            origin = get_origin(base)
+            if not (isinstance(origin, type) and issubclass(origin, Workflow)):
+                continue
+            args = get_args(base)
+            if not args or isinstance(args[0], TypeVar):
+                continue
+            arg = args[0]
+            if arg is dict or get_origin(arg) is dict:
+                return None
+            if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+                return arg
+            raise _class_error(cls, f"the state type must be dict or a dataclass, not {arg!r}")
+    return None
+
+
+def _collect(cls: type) -> list[tuple[str, StepSpec]]:
+    """Step declarations in order: base classes first, each in class-body order."""
+    names: dict[str, None] = {}
+    for klass in reversed(cls.__mro__):
+        names.update(dict.fromkeys(vars(klass)))
+    found = []
+    for name in names:
+        value = next(vars(k)[name] for k in cls.__mro__ if name in vars(k))
+        if isinstance(value, _StepDecorator):
+            raise _class_error(cls, f"step {name!r}: @{value.kind}(...) must decorate a method")
+        if isinstance(value, StepSpec):
+            found.append((name, value))
+    return found
+
+
+def _takes_ctx(cls: type, name: str, func: Callable[..., Any]) -> bool:
+    """Whether a step method wants ``ctx``: ``(self, state)`` and ``(self, state, ctx)`` both work."""
+    params = list(inspect.signature(func).parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return True
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    required = [p for p in positional if p.default is inspect.Parameter.empty]
+    if len(positional) >= 3 and len(required) <= 3:
+        return True
+    if len(positional) == 2:
+        return False
+    raise _class_error(cls, f"step {name!r}: the method must take (self, state) or (self, state, ctx)")
+
+
+def _bind(cls: type, instance: object, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    if _takes_ctx(cls, name, func):
+
+        @functools.wraps(func)
+        def callback(state: Any, ctx: Any) -> Any:
+            return func(instance, state, ctx)
+
+    else:
+
+        @functools.wraps(func)
+        def callback(state: Any, ctx: Any) -> Any:
+            return func(instance, state)
+
+    return callback
+
+
+def _compile(cls: type, instance: object, name: str, spec: StepSpec) -> Step:
+    qualified = f"{cls.__module__}.{cls.__qualname__}.{name}"
+    if spec.kind in ("action", "decision"):
+        assert spec.func is not None
+        return Step(
+            name,
+            spec.kind,  # type: ignore[arg-type]
+            next=spec.next,
+            callback=_bind(cls, instance, name, spec.func),
+            callback_name=qualified,
+            targets=spec.targets,
+        )
+    if spec.kind == "wait":
+        apply, apply_name = spec.apply, None
+        if isinstance(apply, str):
+            method = getattr(instance, apply, None)
+            if not callable(method):
+                raise _class_error(cls, f"step {name!r}: apply names no method {apply!r}")
+            apply_name = f"{cls.__module__}.{cls.__qualname__}.{apply}"
+            apply = method
+        return Step(
+            name,
+            "wait",
+            next=spec.next,
+            signals=spec.signals,
+            on_signal=spec.on or {},
+            apply=apply,
+            apply_name=apply_name,
+        )
+    return Step(name, spec.kind, reason=spec.reason)  # type: ignore[arg-type]
+
+
+def _build(cls: type[Workflow[Any]]) -> Plan:
+    for attribute in ("id", "version", "contract"):
+        if not hasattr(cls, attribute):
+            raise _class_error(cls, f"declares no {attribute}")
+    state_type = _state_type(cls)
+    specs = _collect(cls)
+    if not specs:
+        raise _class_error(cls, "declares no steps")
+    starts = [name for name, spec in specs if spec.start]
+    if len(starts) > 1:
+        raise _class_error(cls, f"marks more than one start step: {', '.join(starts)}")
+    instance = cls()
+    return Plan.from_steps(
+        [_compile(cls, instance, name, spec) for name, spec in specs],
+        id=cls.id,
+        version=cls.version,
+        contract=cls.contract,
+        start=starts[0] if starts else specs[0][0],
+        state_type=state_type,
+        signals=dict(cls.signals),
+        start_schema=cls.start_schema,
+    )
