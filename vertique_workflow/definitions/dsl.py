@@ -207,7 +207,7 @@ def _collect(cls: type) -> list[tuple[str, StepSpec]]:
 
 
 def _takes_ctx(cls: type, name: str, func: Callable[..., Any]) -> bool:
-    """Whether a step method wants ``ctx``: ``(self, state)`` and ``(self, state, ctx)`` both work."""
+    """Whether a step method wants ``ctx``: ``(self, state)`` and ``(self, state, ctx)`` work."""
     params = list(inspect.signature(func).parameters.values())
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
         return True
@@ -221,7 +221,9 @@ def _takes_ctx(cls: type, name: str, func: Callable[..., Any]) -> bool:
         return True
     if len(positional) == 2:
         return False
-    raise _class_error(cls, f"step {name!r}: the method must take (self, state) or (self, state, ctx)")
+    raise _class_error(
+        cls, f"step {name!r}: the method must take (self, state) or (self, state, ctx)"
+    )
 
 
 def _bind(cls: type, instance: object, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
@@ -291,6 +293,6 @@ def _build(cls: type[Workflow[Any]]) -> Plan:
         contract=cls.contract,
         start=starts[0] if starts else specs[0][0],
         state_type=state_type,
-        signals=dict(cls.signals),
+        signals=cls.signals,
         start_schema=cls.start_schema,
     )

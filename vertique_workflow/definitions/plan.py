@@ -373,7 +373,7 @@ class Plan:
         self._check(None, payload, f"start payload of workflow {self.id!r}")
 
     def check_signal_payload(self, name: str, payload: Any) -> None:
-        """Refuse an undeclared signal, or a payload failing its schema (``WorkflowValidationError``)."""
+        """Refuse an undeclared signal or a payload failing its schema (WorkflowValidationError)."""
         if name not in self.signals:
             raise WorkflowValidationError(
                 f"workflow {self.id!r} version {self.version} declares no signal {str(name)[:64]!r}"
