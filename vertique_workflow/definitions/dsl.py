@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar, cast, get_args, get_origin, overload
@@ -22,6 +23,9 @@ __all__ = ["StepSpec", "Workflow", "action", "decision", "end", "fail", "wait"]
 
 S = TypeVar("S")
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Serialises plan builds so every caller of ``plan()`` gets the same object.
+_BUILD_LOCK = threading.RLock()
 
 # Class attributes with a meaning of their own: a step may not take these names.
 _RESERVED = frozenset({"id", "version", "contract", "signals", "start_schema", "plan"})
@@ -160,8 +164,11 @@ class Workflow(Generic[S]):
         """The validated plan of this class, built once and cached per class."""
         cached = vars(cls).get("_vw_plan")
         if cached is None:
-            cached = _build(cls)
-            cls._vw_plan = cached  # type: ignore[attr-defined]
+            with _BUILD_LOCK:
+                cached = vars(cls).get("_vw_plan")
+                if cached is None:
+                    cached = _build(cls)
+                    cls._vw_plan = cached  # type: ignore[attr-defined]
         return cast(Plan, cached)
 
 

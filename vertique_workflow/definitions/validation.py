@@ -67,6 +67,9 @@ def validate(plan: Plan) -> None:
             _fail(plan, key, f"is a {type(step).__name__}, not a Step")
         if key != step.id:
             _fail(plan, key, f"is keyed under a different id than its own ({step.id!r})")
+        if not _is_name(step.id):
+            _fail(plan, step.id, f"a step id must be {_NAME_RULE}")
+    for step in plan.steps.values():
         _check_step(plan, step)
     if plan.start not in plan.steps:
         _fail(plan, plan.start, "the start step does not exist")
@@ -122,8 +125,6 @@ def _check_schemas(plan: Plan) -> None:
 
 
 def _check_step(plan: Plan, step: Step) -> None:
-    if not _is_name(step.id):
-        _fail(plan, step.id, f"a step id must be {_NAME_RULE}")
     if step.kind not in STEP_KINDS:
         _fail(plan, step.id, f"unknown step kind {step.kind!r} (known: {sorted(STEP_KINDS)})")
     allowed = _ALLOWED_FIELDS[step.kind]

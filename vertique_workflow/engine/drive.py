@@ -1,0 +1,161 @@
+"""Drive a plan from a command until the instance waits or ends.
+
+The executor hands the engine the plan of the instance's pin, the stored
+state and the command; the engine runs workflow code (actions, decisions,
+signal application) and returns what happened. It never touches the
+database: persisting the outcome is the segment's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..definitions import Plan, StepContext
+from ..exceptions import NonRetryable, WorkflowDefinitionError
+
+# A plan that never reaches a wait or an end inside one segment is a bug in
+# the plan (a decision loop); it fails instead of spinning forever.
+MAX_STEPS_PER_SEGMENT = 10_000
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the engine may know about the instance and the command."""
+
+    instance_id: Any
+    definition_id: str
+    definition_version: int
+    business_key: str | None
+    scope: str
+    command_id: int | None
+    command_kind: str
+    actor: Any = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step the drive took: the state before and after it, as JSON."""
+
+    step_id: str
+    outcome: str
+    before: dict[str, Any]
+    after: dict[str, Any]
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DriveResult:
+    """The outcome of one drive.
+
+    ``applied`` is False when a signal is not accepted by the current step:
+    the segment parks it and changes nothing else.
+    """
+
+    applied: bool
+    status: str
+    current_step: str | None
+    state: dict[str, Any] | None
+    decisions: list[Decision] = field(default_factory=list)
+    error_type: str | None = None
+    error_message: str | None = None
+    waiting: tuple[str, ...] = ()
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ("COMPLETED", "FAILED")
+
+
+def _context(facts: RunFacts, step_id: str, **extra: Any) -> StepContext:
+    return StepContext(
+        instance_id=facts.instance_id, step_id=step_id, definition_id=facts.definition_id,
+        definition_version=facts.definition_version, command_id=facts.command_id,
+        command_kind=facts.command_kind, business_key=facts.business_key, scope=facts.scope,
+        actor=facts.actor, **extra,
+    )
+
+
+def start(plan: Plan, payload: dict[str, Any] | None, facts: RunFacts) -> DriveResult:
+    """Run a new instance from its first step with the start payload as state."""
+    state = plan.state_from_json(payload or {})
+    return _run(plan, state, plan.start, facts, [])
+
+
+def apply_signal(plan: Plan, state_json: dict[str, Any] | None, current_step: str | None,
+                 name: str, payload: Any, facts: RunFacts) -> DriveResult:
+    """Apply a signal to the wait it targets, then drive on; not accepted => not applied."""
+    step = plan.step(current_step) if current_step else None
+    if step is None or step.kind != "wait" or name not in step.signals:
+        return DriveResult(applied=False, status="WAITING", current_step=current_step,
+                           state=state_json)
+    state = plan.state_from_json(state_json)
+    before = plan.state_to_json(state)
+    ctx = _context(facts, step.id, signal_name=name, signal_payload=payload)
+    state = plan.apply_signal(step, state, name, payload, ctx)
+    after = plan.state_to_json(state)
+    decisions = [Decision(step.id, "SIGNAL_APPLIED", before, after, {"signal": name})]
+    target = plan.next_after_signal(step, name)
+    if target is None:  # validated plans always name one
+        raise WorkflowDefinitionError(f"wait {step.id!r} has no next step for {name!r}",
+                                      definition_id=plan.id, step_id=step.id)
+    return _run(plan, state, target, facts, decisions)
+
+
+def drive(plan: Plan, *, kind: str, state_json: dict[str, Any] | None,
+          current_step: str | None, payload: Any, signal_name: str | None,
+          facts: RunFacts) -> DriveResult:
+    """Entry point used by the segment: START or SIGNAL."""
+    if kind == "START":
+        return start(plan, payload, facts)
+    if kind == "SIGNAL":
+        assert signal_name is not None
+        return apply_signal(plan, state_json, current_step, signal_name, payload, facts)
+    raise WorkflowDefinitionError(f"command kind {kind!r} is not supported by this release",
+                                  definition_id=plan.id)
+
+
+def _run(plan: Plan, state: Any, step_id: str, facts: RunFacts,
+         decisions: list[Decision]) -> DriveResult:
+    for _ in range(MAX_STEPS_PER_SEGMENT):
+        step = plan.step(step_id)
+        before = plan.state_to_json(state)
+        if step.kind == "action":
+            assert step.callback is not None and step.next is not None
+            result = step.callback(state, _context(facts, step.id))
+            state = state if result is None else result
+            after = plan.state_to_json(state)
+            decisions.append(Decision(step.id, "ACTION_COMPLETED", before, after))
+            step_id = step.next
+        elif step.kind == "decision":
+            assert step.callback is not None
+            chosen = step.callback(state, _context(facts, step.id))
+            if chosen not in step.targets:
+                raise NonRetryable(
+                    f"decision {step.id!r} of workflow {plan.id!r} chose an undeclared step "
+                    f"{str(chosen)[:64]!r}"
+                )
+            decisions.append(Decision(step.id, "DECISION_TAKEN", before, before,
+                                      {"chosen": chosen}))
+            step_id = chosen
+        elif step.kind == "wait":
+            decisions.append(Decision(step.id, "WAITING", before, before,
+                                      {"signals": list(step.signals)}))
+            return DriveResult(True, "WAITING", step.id, before, decisions,
+                               waiting=tuple(step.signals))
+        elif step.kind == "end":
+            decisions.append(Decision(step.id, "COMPLETED", before, before))
+            return DriveResult(True, "COMPLETED", step.id, before, decisions)
+        elif step.kind == "fail":
+            reason = step.reason or "FAILED"
+            decisions.append(Decision(step.id, "FAILED", before, before, {"reason": reason}))
+            return DriveResult(True, "FAILED", step.id, before, decisions, error_type=reason,
+                               error_message=f"{reason}: workflow reached fail step {step.id!r}")
+        else:
+            raise WorkflowDefinitionError(
+                f"step kind {step.kind!r} is not supported by this release",
+                definition_id=plan.id, step_id=step.id)
+    raise NonRetryable(
+        f"workflow {plan.id!r} ran {MAX_STEPS_PER_SEGMENT} steps without waiting or ending")
+
+
+__all__ = ["Decision", "DriveResult", "RunFacts", "apply_signal", "drive", "start"]

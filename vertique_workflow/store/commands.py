@@ -1,0 +1,564 @@
+"""workflow_commands and workflow_command_queues: the per-instance command log.
+
+Every executor-side statement composes its eligibility from
+:mod:`.eligibility`. Writers store ``last_error`` as ``<REASON_CODE>: <message>``
+built by :func:`error_text` (at most 4000 characters, no payload values).
+Statements that settle a SIGNAL into COMPLETE, REJECTED, STALE, FAILED or DEAD
+lower ``open_signals`` in the same statement; moves between open states leave
+it unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.decision_log import HistoryEntry
+from . import db, history
+from .eligibility import claimable
+
+T = db.T
+
+# The execution lock: two-integer advisory lock, first key a namespace of its
+# own, second derived from the instance id (definition locks are one bigint,
+# so the two never collide).
+EXECUTION_LOCK_NAMESPACE = 0x56574600
+LAST_ERROR_MAX = 4000
+ENDED = "('COMPLETED', 'COMPENSATED', 'CANCELLED', 'EXPIRED')"
+
+LOCK_INSTANCE = f"""
+SELECT set_config('lock_timeout', %s, true) AS applied,
+       pg_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text)) AS locked,
+       set_config('lock_timeout', current_setting('lock_timeout'), true) AS restored
+FROM (SELECT current_setting('lock_timeout') AS previous) prev
+"""
+# set_config runs left to right; the third call restores the caller's value.
+LOCK_INSTANCE = f"""
+WITH prev AS (SELECT current_setting('lock_timeout') AS previous)
+SELECT set_config('lock_timeout', %s, true),
+       pg_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text)),
+       set_config('lock_timeout', prev.previous, true)
+FROM prev
+"""
+
+TRY_LOCK_INSTANCE = f"""
+SELECT pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text))
+"""
+
+# Allocate the next queue position and insert the command in one statement.
+INSERT_COMMAND = f"""
+WITH q AS (
+    INSERT INTO {T['command_queues']} AS cq (workflow_id, next_seq) VALUES (%(wf)s, 2)
+    ON CONFLICT (workflow_id) DO UPDATE SET next_seq = cq.next_seq + 1
+    RETURNING next_seq - 1 AS seq
+)
+INSERT INTO {T['commands']} (workflow_id, seq, kind, state, payload_json, dedup_key,
+    target_json, context_json, explicit_carrier_json, actor_kind, actor_id, actor_reason,
+    on_behalf_of, attribution_status, recorded_at, available_at)
+SELECT %(wf)s, q.seq, %(kind)s, 'PENDING', %(payload)s::jsonb, %(dedup_key)s,
+       %(target)s::jsonb, %(context)s::jsonb, %(carrier)s::jsonb, %(actor_kind)s, %(actor_id)s,
+       %(actor_reason)s, %(on_behalf_of)s, %(attribution_status)s,
+       clock_timestamp(), clock_timestamp()
+FROM q
+RETURNING id, seq
+"""
+
+ENSURE_QUEUE = f"""
+INSERT INTO {T['command_queues']} (workflow_id, next_seq) VALUES (%s, 1)
+ON CONFLICT (workflow_id) DO NOTHING
+"""
+
+RAISE_OPEN_SIGNALS = f"""
+UPDATE {T['command_queues']} SET open_signals = open_signals + 1
+WHERE workflow_id = %s AND open_signals < %s
+"""
+
+PEEK = f"""
+SELECT c.id, c.workflow_id, c.seq, c.kind, i.status, i.definition_scope_key, i.definition_id,
+       i.definition_version, i.plan_hash
+FROM {T['commands']} c JOIN {T['instances']} i ON i.id = c.workflow_id
+WHERE {claimable('c')}
+ORDER BY c.available_at, c.id
+LIMIT %s
+"""
+
+CLAIM_READ = f"""
+SELECT c.id, c.workflow_id, c.seq, c.kind, c.attempts, c.target_json, c.task_id,
+       c.actor_kind, c.actor_id, c.actor_reason, c.on_behalf_of, c.attribution_status,
+       i.status
+FROM {T['commands']} c JOIN {T['instances']} i ON i.id = c.workflow_id
+WHERE c.id = %s AND {claimable('c')}
+FOR UPDATE OF c
+"""
+
+CLAIM_UPDATE = f"""
+UPDATE {T['commands']}
+SET state = 'CLAIMED', attempts = attempts + 1, claim_token = gen_random_uuid(),
+    lease_until = now() + make_interval(secs => %s), claimed_by = %s
+WHERE id = %s
+RETURNING claim_token, attempts
+"""
+
+# Settle a command without running it (ended instance, dead letter, failure,
+# cancellation); lowers open_signals for a signal that leaves the open states.
+SETTLE = f"""
+WITH settled AS (
+    UPDATE {T['commands']}
+    SET state = %(state)s, claim_token = NULL, lease_until = NULL,
+        settled_at = CASE WHEN %(state)s = 'DEAD' THEN NULL ELSE now() END,
+        last_error = %(last_error)s
+    WHERE id = %(id)s AND (%(token)s::uuid IS NULL OR (state = 'CLAIMED' AND claim_token = %(token)s))
+    RETURNING workflow_id, kind, state
+), lowered AS (
+    UPDATE {T['command_queues']} q SET open_signals = GREATEST(q.open_signals - 1, 0)
+    FROM settled WHERE q.workflow_id = settled.workflow_id AND settled.kind = 'SIGNAL'
+      AND %(was_open)s
+)
+SELECT kind FROM settled
+"""
+
+FENCE = f"""
+SELECT c.id, c.workflow_id, c.seq, c.kind, c.payload_json, c.target_json, c.dedup_key,
+       c.context_json, c.explicit_carrier_json, c.actor_kind, c.actor_id, c.actor_reason,
+       c.on_behalf_of, c.attribution_status, c.attempts, c.claimed_by, c.timer_kind,
+       c.timer_id, c.task_id
+FROM {T['commands']} c
+WHERE c.id = %s AND c.state = 'CLAIMED' AND c.claim_token = %s
+  AND NOT EXISTS (
+      SELECT 1 FROM {T['commands']} b
+      WHERE b.workflow_id = c.workflow_id AND b.seq < c.seq
+        AND b.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+        AND NOT (b.kind = 'TIMER' AND b.fire_at > now()))
+FOR UPDATE
+"""
+
+COMPLETE = f"""
+WITH done AS (
+    UPDATE {T['commands']}
+    SET state = 'COMPLETE', claim_token = NULL, lease_until = NULL, settled_at = now(),
+        last_error = NULL
+    WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
+    RETURNING workflow_id, kind
+), lowered AS (
+    UPDATE {T['command_queues']} q SET open_signals = GREATEST(q.open_signals - 1, 0)
+    FROM done WHERE q.workflow_id = done.workflow_id AND done.kind = 'SIGNAL'
+)
+SELECT count(*) FROM done
+"""
+
+PARK = f"""
+UPDATE {T['commands']}
+SET state = 'PARKED', claim_token = NULL, lease_until = NULL, attempts = attempts - 1
+WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
+"""
+
+# Parked signals a new wait accepts go back to PENDING with their seq: they
+# are then the head of the queue and run next, in their recorded order.
+REQUEUE_PARKED = f"""
+UPDATE {T['commands']}
+SET state = 'PENDING', available_at = LEAST(available_at, now()), last_error = NULL
+WHERE workflow_id = %s AND state = 'PARKED' AND kind = 'SIGNAL'
+  AND (target_json ->> 'name') = ANY(%s)
+"""
+
+# An ended instance settles its parked and dead-lettered commands.
+SETTLE_ENDED = f"""
+WITH doomed AS (
+    SELECT id FROM {T['commands']}
+    WHERE workflow_id = %(wf)s AND state IN ('PARKED', 'DEAD') ORDER BY id FOR UPDATE
+), settled AS (
+    UPDATE {T['commands']} c
+    SET state = %(state)s, claim_token = NULL, lease_until = NULL, settled_at = now(),
+        last_error = %(last_error)s
+    FROM doomed WHERE c.id = doomed.id
+    RETURNING c.id, c.seq, c.kind, c.target_json, c.actor_kind, c.actor_id, c.actor_reason,
+              c.on_behalf_of, c.attribution_status,
+              (SELECT state FROM {T['commands']} o WHERE o.id = c.id) AS old_state
+), lowered AS (
+    UPDATE {T['command_queues']} q
+    SET open_signals = GREATEST(q.open_signals - (
+        SELECT count(*) FROM settled WHERE kind = 'SIGNAL' AND old_state = 'PARKED'), 0)
+    WHERE q.workflow_id = %(wf)s
+)
+SELECT id, seq, kind, target_json, actor_kind, actor_id, actor_reason, on_behalf_of,
+       attribution_status FROM settled ORDER BY id
+"""
+
+RELEASE = f"""
+UPDATE {T['commands']}
+SET state = 'PENDING', attempts = attempts - 1, claim_token = NULL, lease_until = NULL
+WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
+"""
+
+RETRY_TRANSIENT = f"""
+UPDATE {T['commands']}
+SET state = 'PENDING', attempts = attempts - 1, transient_count = transient_count + 1,
+    available_at = now() + make_interval(secs => %s), claim_token = NULL, lease_until = NULL,
+    last_error = %s
+WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
+"""
+
+# A failed attempt keeps its spent attempt; the next claim dead-letters it at
+# max_attempts.
+RETRY_AFTER_ERROR = f"""
+UPDATE {T['commands']}
+SET state = 'PENDING', available_at = now() + make_interval(secs => %s), claim_token = NULL,
+    lease_until = NULL, last_error = %s
+WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
+"""
+
+FENCE_FOR_FAILURE = f"""
+SELECT id, workflow_id, seq, kind, actor_kind, actor_id, actor_reason, on_behalf_of,
+       attribution_status, claimed_by
+FROM {T['commands']} WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s FOR UPDATE
+"""
+
+DEFER = f"""
+UPDATE {T['commands']}
+SET state = 'DEFERRED', deferral_count = deferral_count + 1,
+    available_at = now() + make_interval(secs => LEAST(5 * power(2, deferral_count), 300)),
+    last_error = %s
+WHERE id = %s
+RETURNING deferral_count, seq, kind
+"""
+
+DEFER_READ = f"""
+SELECT c.id FROM {T['commands']} c JOIN {T['instances']} i ON i.id = c.workflow_id
+WHERE c.id = %s AND {claimable('c')}
+  AND i.definition_scope_key = %s AND i.definition_id = %s AND i.definition_version = %s
+  AND i.plan_hash = %s
+FOR UPDATE OF c
+"""
+
+# cancelAll: every open command of the instance, ascending id, in one statement.
+CANCEL_ALL = f"""
+WITH doomed AS (
+    SELECT id, state AS old_state FROM {T['commands']}
+    WHERE workflow_id = %(wf)s AND state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD')
+    ORDER BY id FOR UPDATE
+), cancelled AS (
+    UPDATE {T['commands']} c
+    SET state = 'CANCELLED', claim_token = NULL, lease_until = NULL, settled_at = now(),
+        last_error = 'INSTANCE_CANCELLED: ' || c.kind || ' command cancelled with its instance'
+    FROM doomed WHERE c.id = doomed.id
+    RETURNING c.id, c.seq, c.kind, c.target_json, c.timer_id, c.task_id, doomed.old_state
+), lowered AS (
+    UPDATE {T['command_queues']} q
+    SET open_signals = GREATEST(q.open_signals - (
+        SELECT count(*) FROM cancelled WHERE kind = 'SIGNAL' AND old_state <> 'DEAD'), 0)
+    WHERE q.workflow_id = %(wf)s
+)
+SELECT id, seq, kind, target_json, timer_id, task_id FROM cancelled ORDER BY id
+"""
+
+EARLIEST_AVAILABILITY_DELAY_MS = f"""
+SELECT GREATEST(0, floor(extract(epoch FROM (min(available_at) - now())) * 1000))::bigint
+FROM {T['commands']} WHERE state IN ('PENDING', 'DEFERRED') AND available_at > now()
+"""
+
+QUEUE = f"""
+SELECT next_seq, open_signals FROM {T['command_queues']} WHERE workflow_id = %s
+"""
+
+
+def error_text(reason_code: str, message: str) -> str:
+    """``<REASON_CODE>: <message>`` bounded to 4000 characters."""
+    return f"{reason_code}: {message}"[:LAST_ERROR_MAX]
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who asked for a command (the attribution columns)."""
+
+    kind: str = "NONE"
+    id: str | None = None
+    reason: str | None = None
+    on_behalf_of: str | None = None
+    status: str = "ABSENT"
+
+    def history_columns(self) -> dict[str, Any]:
+        return {"actor_kind": self.kind, "actor_id": self.id, "actor_reason": self.reason,
+                "on_behalf_of": self.on_behalf_of, "attribution_status": self.status}
+
+
+def actor_from_row(kind: str | None, actor_id: str | None, reason: str | None,
+                   on_behalf_of: str | None, status: str | None) -> Actor:
+    if kind is None:
+        return Actor()
+    return Actor(kind, actor_id, reason, on_behalf_of, status or "ABSENT")
+
+
+@dataclass(frozen=True)
+class Head:
+    """A claimable head as peek sees it, with its instance's pin."""
+
+    id: int
+    workflow_id: Any
+    seq: int
+    kind: str
+    instance_status: str
+    definition_scope_key: str
+    definition_id: str
+    definition_version: int
+    plan_hash: str
+
+    @property
+    def instance_ended(self) -> bool:
+        return self.instance_status in ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The result of a claim: CLAIMED (token set), SETTLED, DEAD, or BUSY."""
+
+    outcome: str
+    command_id: int
+    token: Any = None
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class FencedCommand:
+    id: int
+    workflow_id: Any
+    seq: int
+    kind: str
+    payload: Any
+    target: Any
+    dedup_key: str | None
+    context: Any
+    explicit_carrier: Any
+    actor: Actor
+    attempts: int
+    claimed_by: str | None
+    timer_kind: str | None
+    timer_id: Any
+    task_id: Any
+
+
+# -- record side -----------------------------------------------------------
+
+def lock_instance(workflow_id: Any, lock_timeout_ms: int) -> None:
+    """Take the execution lock, waiting at most ``lock_timeout_ms`` for it."""
+    db.fetchone(LOCK_INSTANCE, (f"{int(lock_timeout_ms)}ms", str(workflow_id)))
+
+
+def try_lock_instance(workflow_id: Any) -> bool:
+    row = db.fetchone(TRY_LOCK_INSTANCE, (str(workflow_id),))
+    return bool(row and row[0])
+
+
+def insert(workflow_id: Any, kind: str, *, payload: Any = None, dedup_key: str | None = None,
+           target: Any = None, context: Any = None, carrier: Any = None,
+           actor: Actor | None = None) -> tuple[int, int]:
+    """Insert a PENDING command at the next queue position; returns (id, seq)."""
+    actor = actor or Actor()
+    row = db.fetchone(INSERT_COMMAND, {
+        "wf": workflow_id, "kind": kind,
+        "payload": None if payload is None else json.dumps(payload),
+        "dedup_key": dedup_key,
+        "target": None if target is None else json.dumps(target),
+        "context": None if context is None else json.dumps(context),
+        "carrier": None if carrier is None else json.dumps(carrier),
+        "actor_kind": actor.kind, "actor_id": actor.id, "actor_reason": actor.reason,
+        "on_behalf_of": actor.on_behalf_of, "attribution_status": actor.status,
+    })
+    assert row is not None
+    return row[0], row[1]
+
+
+def raise_open_signals(workflow_id: Any, cap: int) -> bool:
+    """Count one more open signal; False when the instance is at the cap."""
+    db.execute(ENSURE_QUEUE, (workflow_id,))
+    return db.execute(RAISE_OPEN_SIGNALS, (workflow_id, cap)) == 1
+
+
+def queue(workflow_id: Any) -> tuple[int, int] | None:
+    row = db.fetchone(QUEUE, (workflow_id,))
+    return None if row is None else (row[0], row[1])
+
+
+# -- executor side ---------------------------------------------------------
+
+def peek(limit: int) -> list[Head]:
+    """Claimable heads with their pins, oldest availability first (no locks)."""
+    return [Head(*row) for row in db.fetchall(PEEK, (limit,))]
+
+
+def _settle(command_id: int, state: str, last_error: str | None, *, token: Any = None,
+            was_open: bool = True) -> str | None:
+    row = db.fetchone(SETTLE, {"id": command_id, "state": state, "last_error": last_error,
+                               "token": token, "was_open": was_open})
+    return None if row is None else row[0]
+
+
+def claim(command_id: int, workflow_id: Any, *, node_id: str, lease_seconds: float,
+          max_attempts: int) -> Claim | None:
+    """Claim a head; call inside a transaction of its own.
+
+    Returns None when the lock is busy or the command is no longer claimable.
+    An ended instance settles the command (no attempt spent); a command out
+    of attempts is dead-lettered (a START also fails its instance).
+    """
+    if not try_lock_instance(workflow_id):
+        return None
+    row = db.fetchone(CLAIM_READ, (command_id,))
+    if row is None:
+        return None
+    (cid, wf, seq, kind, attempts, target, task_id, a_kind, a_id, a_reason, a_obo, a_status,
+     instance_status) = row
+    actor = actor_from_row(a_kind, a_id, a_reason, a_obo, a_status)
+    common = {"command_id": cid, **actor.history_columns()}
+    if instance_status in ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED"):
+        branch_addressed = kind == "SIGNAL" and bool((target or {}).get("branchId"))
+        if instance_status == "CANCELLED":
+            state, event = "CANCELLED", "COMMAND_CANCELLED"
+            reason = error_text("INSTANCE_CANCELLED", f"{kind} command of a cancelled instance")
+        elif kind == "TIMER" or branch_addressed:
+            state, event = "STALE", "COMMAND_STALE"
+            reason = error_text("INSTANCE_ENDED", f"{kind} command of an ended instance")
+        else:
+            state, event = "REJECTED", "COMMAND_REJECTED"
+            reason = error_text("INSTANCE_ENDED", f"{kind} command of an ended instance")
+        _settle(cid, state, reason)
+        history.append(wf, [HistoryEntry(event, _command_payload(cid, seq, kind, target,
+                                                                  reason))], **common)
+        return Claim("SETTLED", cid)
+    if attempts >= max_attempts:
+        reason = error_text("ATTEMPTS_EXHAUSTED",
+                            f"{kind} command failed {attempts} of {max_attempts} attempts")
+        _settle(cid, "DEAD", reason)
+        entries = [HistoryEntry("COMMAND_DEAD_LETTERED",
+                                _command_payload(cid, seq, kind, target, reason))]
+        if kind == "START":
+            from . import instances
+
+            if instances.mark_failed(wf, "ATTEMPTS_EXHAUSTED", reason):
+                entries.append(HistoryEntry("WORKFLOW_FAILED", {"reason": reason}))
+        history.append(wf, entries, **common)
+        return Claim("DEAD", cid)
+    claimed = db.fetchone(CLAIM_UPDATE, (lease_seconds, node_id, cid))
+    assert claimed is not None
+    return Claim("CLAIMED", cid, claimed[0], claimed[1])
+
+
+def _command_payload(command_id: int, seq: int, kind: str, target: Any,
+                     reason: str | None) -> dict[str, Any]:
+    payload: dict[str, Any] = {"commandId": command_id, "seq": seq, "kind": kind}
+    if kind == "SIGNAL" and target:
+        payload["signal"] = str(target.get("name", ""))[:255]
+    if reason:
+        payload["reason"] = reason
+    return payload
+
+
+def fence(command_id: int, token: Any) -> FencedCommand | None:
+    """Lock the claimed command in the segment; None when the claim was lost."""
+    row = db.fetchone(FENCE, (command_id, token))
+    if row is None:
+        return None
+    (cid, wf, seq, kind, payload, target, dedup_key, context, carrier, a_kind, a_id, a_reason,
+     a_obo, a_status, attempts, claimed_by, timer_kind, timer_id, task_id) = row
+    return FencedCommand(cid, wf, seq, kind, payload, target, dedup_key, context, carrier,
+                         actor_from_row(a_kind, a_id, a_reason, a_obo, a_status), attempts,
+                         claimed_by, timer_kind, timer_id, task_id)
+
+
+def complete(command_id: int, token: Any) -> int:
+    row = db.fetchone(COMPLETE, (command_id, token))
+    return int(row[0]) if row else 0
+
+
+def park(command_id: int, token: Any) -> int:
+    return db.execute(PARK, (command_id, token))
+
+
+def requeue_parked(workflow_id: Any, signal_names: list[str]) -> int:
+    return db.execute(REQUEUE_PARKED, (workflow_id, signal_names))
+
+
+def settle_ended(workflow_id: Any, *, cancelled: bool) -> int:
+    """Settle an ended instance's PARKED and DEAD commands, one history entry each."""
+    if cancelled:
+        state, event = "CANCELLED", "COMMAND_CANCELLED"
+        reason = error_text("INSTANCE_CANCELLED", "command of a cancelled instance")
+    else:
+        state, event = "REJECTED", "COMMAND_REJECTED"
+        reason = error_text("INSTANCE_ENDED", "command of an ended instance")
+    rows = db.fetchall(SETTLE_ENDED, {"wf": workflow_id, "state": state, "last_error": reason})
+    for cid, seq, kind, target, *actor_cols in rows:
+        history.append(workflow_id,
+                       [HistoryEntry(event, _command_payload(cid, seq, kind, target, reason))],
+                       command_id=cid, **actor_from_row(*actor_cols).history_columns())
+    return len(rows)
+
+
+def release(command_id: int, token: Any) -> int:
+    """Return an unstarted claim to PENDING with its attempt restored (no lock)."""
+    return db.execute(RELEASE, (command_id, token))
+
+
+def retry_transient(command_id: int, token: Any, backoff_seconds: float, message: str) -> int:
+    return db.execute(RETRY_TRANSIENT, (backoff_seconds, error_text("TRANSIENT_FAILURE", message),
+                                        command_id, token))
+
+
+def retry_after_error(command_id: int, token: Any, backoff_seconds: float, reason_code: str,
+                      message: str) -> int:
+    return db.execute(RETRY_AFTER_ERROR, (backoff_seconds, error_text(reason_code, message),
+                                          command_id, token))
+
+
+def fail(command_id: int, token: Any, reason_code: str, message: str) -> str:
+    """Failure disposition, in a transaction of its own: BUSY, CLAIM_LOST or FAILED.
+
+    The command becomes FAILED and its instance FAILED (unless already ended
+    or failed) with a FAILED history entry.
+    """
+    from . import instances
+
+    row = db.fetchone(FENCE_FOR_FAILURE, (command_id, token))
+    if row is None:
+        return "CLAIM_LOST"
+    cid, wf, seq, kind, *rest = row
+    actor = actor_from_row(*rest[:5])
+    if not try_lock_instance(wf):
+        return "BUSY"
+    reason = error_text(reason_code, message)
+    _settle(cid, "FAILED", reason, token=token)
+    entries = []
+    if instances.mark_failed(wf, reason_code, reason):
+        entries.append(HistoryEntry("WORKFLOW_FAILED", {"reason": reason, "commandId": cid}))
+    history.append(wf, entries, command_id=cid, executor_id=rest[5], **actor.history_columns())
+    return "FAILED"
+
+
+def defer(command_id: int, head: Head, reason: str) -> int:
+    """Defer a head this node cannot run; returns the new deferral count (0: nothing)."""
+    if not try_lock_instance(head.workflow_id):
+        return 0
+    if db.fetchone(DEFER_READ, (command_id, head.definition_scope_key, head.definition_id,
+                                head.definition_version, head.plan_hash)) is None:
+        return 0
+    row = db.fetchone(DEFER, (error_text("NOT_RUNNABLE", reason), command_id))
+    assert row is not None
+    count, seq, kind = row
+    if count == 1:
+        history.append(head.workflow_id, [HistoryEntry(
+            "COMMAND_DEFERRED", {"commandId": command_id, "seq": seq, "kind": kind,
+                                 "reason": error_text("NOT_RUNNABLE", reason)})],
+            command_id=command_id)
+    return int(count)
+
+
+def cancel_all(workflow_id: Any) -> list[dict[str, Any]]:
+    """Cancel every open command of the instance (caller holds the execution lock)."""
+    rows = db.fetchall(CANCEL_ALL, {"wf": workflow_id})
+    return [{"id": r[0], "seq": r[1], "kind": r[2], "target": r[3], "timer_id": r[4],
+             "task_id": r[5]} for r in rows]
+
+
+def earliest_availability_delay_ms() -> int | None:
+    row = db.fetchone(EARLIEST_AVAILABILITY_DELAY_MS)
+    return None if row is None or row[0] is None else int(row[0])

@@ -1,0 +1,82 @@
+"""Connection helpers shared by the store modules: cursor, rows, error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from ..conf import workflow_settings
+from ..exceptions import WorkflowConflict, WorkflowPersistenceError
+from ..tables import sql_names
+
+T = sql_names()
+
+RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03", "57014")
+
+
+def alias() -> str:
+    return workflow_settings.DATABASE
+
+
+def connection() -> Any:
+    return connections[alias()]
+
+
+@contextmanager
+def cursor() -> Iterator[Any]:
+    with connection().cursor() as cur:
+        yield cur
+
+
+def fetchone(sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+    with cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchone()
+
+
+def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    with cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+
+def fetchdicts(sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    with cursor() as cur:
+        cur.execute(sql, params)
+        names = [col.name for col in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def execute(sql: str, params: Sequence[Any] = ()) -> int:
+    with cursor() as cur:
+        cur.execute(sql, params)
+        return cur.rowcount
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error (Django wraps psycopg's error as __cause__)."""
+    for candidate in (exc, exc.__cause__):
+        state = getattr(candidate, "sqlstate", None)
+        if state:
+            return str(state)
+    return None
+
+
+def is_retryable(exc: BaseException) -> bool:
+    state = sqlstate(exc)
+    if state is None:
+        # a lost connection has no SQLSTATE of its own
+        return isinstance(exc, DatabaseError) and "connection" in str(exc).lower()
+    return state in RETRYABLE_SQLSTATES or state.startswith("08")
+
+
+def translate(exc: DatabaseError, what: str) -> Exception:
+    """The workflow exception for a database error (DESIGN section 9)."""
+    state = sqlstate(exc)
+    if state == "23505":
+        return WorkflowConflict(f"{what}: a conflicting row already exists")
+    return WorkflowPersistenceError(f"{what}: database error {state or 'unknown'}",
+                                    retryable=is_retryable(exc))

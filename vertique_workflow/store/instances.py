@@ -1,0 +1,121 @@
+"""workflow_instances: the snapshot row of each instance."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from . import db
+
+T = db.T
+
+ENDED = ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED")
+
+INSERT_PENDING = f"""
+INSERT INTO {T['instances']} (id, definition_id, definition_version, plan_hash, status,
+    business_key, subject_json, metadata, scope_key, definition_scope_key)
+VALUES (%s, %s, %s, %s, 'PENDING', %s, %s::jsonb, %s::jsonb, %s, %s)
+"""
+
+SELECT = f"""
+SELECT id, definition_id, definition_version, plan_hash, status, current_step_id, state_json,
+       business_key, subject_json, metadata, version, error_type, error_message, created_at,
+       updated_at, completed_at, archived_at, scope_key, definition_scope_key, baseline_logged
+FROM {T['instances']} WHERE id = %s
+"""
+
+# Optimistic: the row must still have the version the segment read.
+UPDATE_AFTER_SEGMENT = f"""
+UPDATE {T['instances']}
+SET status = %s, current_step_id = %s, state_json = %s::jsonb, version = version + 1,
+    error_type = %s, error_message = %s, subject_json = COALESCE(%s::jsonb, subject_json),
+    updated_at = now(),
+    completed_at = CASE WHEN %s THEN now() ELSE completed_at END
+WHERE id = %s AND version = %s
+"""
+
+CONSUME_BASELINE = f"""
+UPDATE {T['instances']} SET baseline_logged = TRUE WHERE id = %s AND baseline_logged = FALSE
+"""
+
+MARK_FAILED = f"""
+UPDATE {T['instances']}
+SET status = 'FAILED', error_type = %s, error_message = %s, completed_at = now(),
+    updated_at = now(), version = version + 1
+WHERE id = %s AND status NOT IN ('COMPLETED', 'COMPENSATED', 'CANCELLED', 'EXPIRED', 'FAILED')
+"""
+
+MARK_CANCELLED = f"""
+UPDATE {T['instances']}
+SET status = 'CANCELLED', error_type = 'CANCELLED', error_message = %s, completed_at = now(),
+    updated_at = now(), version = version + 1
+WHERE id = %s AND status NOT IN ('COMPLETED', 'COMPENSATED', 'CANCELLED', 'EXPIRED')
+RETURNING version
+"""
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    id: Any
+    definition_id: str
+    definition_version: int
+    plan_hash: str
+    status: str
+    current_step_id: str | None
+    state_json: Any
+    business_key: str | None
+    subject_json: Any
+    metadata: Any
+    version: int
+    error_type: str | None
+    error_message: str | None
+    created_at: Any
+    updated_at: Any
+    completed_at: Any
+    archived_at: Any
+    scope_key: str
+    definition_scope_key: str
+    baseline_logged: bool
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+
+def insert_pending(instance_id: Any, *, definition_id: str, definition_version: int,
+                   plan_hash: str, business_key: str | None, subject: Any, metadata: Any,
+                   scope_key: str, definition_scope_key: str) -> None:
+    db.execute(INSERT_PENDING, (
+        instance_id, definition_id, definition_version, plan_hash, business_key,
+        None if subject is None else json.dumps(subject), json.dumps(metadata or {}),
+        scope_key, definition_scope_key,
+    ))
+
+
+def get(instance_id: Any) -> InstanceRow | None:
+    row = db.fetchone(SELECT, (instance_id,))
+    return None if row is None else InstanceRow(*row)
+
+
+def update_after_segment(instance_id: Any, *, expected_version: int, status: str,
+                         current_step: str | None, state: Any, error_type: str | None,
+                         error_message: str | None, ended: bool, subject: Any = None) -> bool:
+    count = db.execute(UPDATE_AFTER_SEGMENT, (
+        status, current_step, json.dumps(state), error_type, error_message,
+        None if subject is None else json.dumps(subject), ended, instance_id, expected_version,
+    ))
+    return count == 1
+
+
+def consume_legacy_baseline(instance_id: Any) -> bool:
+    """True once for an instance converted by 0003: its first segment logs a baseline."""
+    return db.execute(CONSUME_BASELINE, (instance_id,)) == 1
+
+
+def mark_failed(instance_id: Any, error_type: str, message: str) -> bool:
+    return db.execute(MARK_FAILED, (error_type, message, instance_id)) == 1
+
+
+def mark_cancelled(instance_id: Any, message: str) -> bool:
+    return db.fetchone(MARK_CANCELLED, (message, instance_id)) is not None
