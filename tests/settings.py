@@ -24,7 +24,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "pgtrigger",
     "vertique_workflow",
-    "tests.flows",
+    "tests.flows.apps.FlowsConfig",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -1,5 +1,40 @@
-"""vertique_workflow: durable Django workflows on PostgreSQL alone."""
+"""vertique_workflow: durable Django workflows on PostgreSQL alone.
+
+The public API is flat: ``import vertique_workflow as wf`` then
+``wf.start(...)``, ``wf.signal(...)``, ``wf.cancel(...)``, ``wf.get(...)``.
+Names are imported lazily so ``import vertique_workflow`` works before Django
+is set up (settings modules, ``INSTALLED_APPS``).
+"""
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "start": "operations", "signal": "operations", "cancel": "operations", "get": "operations",
+    "history_of": "operations", "InstanceRef": "operations", "InstanceView": "operations",
+    "SignalReceipt": "operations",
+    "Actor": "context", "register_durable": "context",
+    "WorkflowError": "exceptions", "WorkflowNotFound": "exceptions",
+    "WorkflowConflict": "exceptions", "WorkflowValidationError": "exceptions",
+    "WorkflowDefinitionError": "exceptions", "ContractMismatch": "exceptions",
+    "WorkflowPersistenceError": "exceptions", "NonRetryable": "exceptions",
+    "Workflow": "definitions", "action": "definitions", "decision": "definitions",
+    "wait": "definitions", "end": "definitions", "fail": "definitions",
+    "StepContext": "definitions",
+    "probe": None, "testing": None,
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'vertique_workflow' has no attribute {name!r}")
+    module = _EXPORTS[name]
+    if module is None:
+        return import_module(f".{name}", __name__)
+    return getattr(import_module(f".{module}", __name__), name)

@@ -1,4 +1,4 @@
-"""AppConfig: system checks for settings and placement."""
+"""AppConfig: system checks, and discovery of the workflows of installed apps."""
 
 from __future__ import annotations
 
@@ -13,3 +13,8 @@ class VertiqueWorkflowConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .definitions import autodiscover
+
+        # Import every installed app's workflows.py now: a broken plan fails
+        # at startup with WorkflowDefinitionError naming workflow and step.
+        autodiscover()

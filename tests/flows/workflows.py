@@ -78,3 +78,40 @@ class ExpenseApproval(Workflow[Expense]):
         if name != "approve":
             return state
         return dataclasses.replace(state, approved=True, approved_by=(payload or {}).get("by"))
+
+
+# -- flows whose actions touch the database or fail on purpose -------------------------
+
+class Gate:
+    """Test switches read by the flows below (set by a test, reset after it)."""
+
+    fail_times = 0
+    non_retryable = False
+    calls = 0
+
+
+class ShipmentFlow(Workflow[dict]):
+    """An action writes a Shipment with the ORM; then waits for "confirm"; may fail."""
+
+    id, version, contract = "shipment", 1, "shipment.v1"
+    signals = {"confirm": {"type": "object", "properties": {"by": {"type": "string"}}},
+               "note": None}
+
+    @action(start=True, next="confirm_wait")
+    def create(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from django.core.exceptions import ImproperlyConfigured
+
+        from tests.flows.models import Shipment
+        from vertique_workflow.exceptions import NonRetryable
+
+        Gate.calls += 1
+        Shipment.objects.create(order_ref=state.get("ref", "?"), created_by_step=ctx.step_id)
+        if Gate.non_retryable:
+            raise NonRetryable("shipment refused by the carrier")
+        if Gate.fail_times > 0:
+            Gate.fail_times -= 1
+            raise ImproperlyConfigured("carrier unavailable")
+        return {**state, "shipment_created": True}
+
+    confirm_wait = wait("confirm", next="done")
+    done = end()

@@ -91,7 +91,11 @@ def apply_signal(plan: Plan, state_json: dict[str, Any] | None, current_step: st
     state = plan.state_from_json(state_json)
     before = plan.state_to_json(state)
     ctx = _context(facts, step.id, signal_name=name, signal_payload=payload)
-    state = plan.apply_signal(step, state, name, payload, ctx)
+    try:
+        state = plan.apply_signal(step, state, name, payload, ctx)
+    except Exception as exc:
+        mark_step(exc, step.id)
+        raise
     after = plan.state_to_json(state)
     decisions = [Decision(step.id, "SIGNAL_APPLIED", before, after, {"signal": name})]
     target = plan.next_after_signal(step, name)
@@ -114,6 +118,23 @@ def drive(plan: Plan, *, kind: str, state_json: dict[str, Any] | None,
                                   definition_id=plan.id)
 
 
+STEP_ATTRIBUTE = "_vertique_step"
+
+
+def mark_step(exc: BaseException, step_id: str) -> None:
+    """Remember which step raised, so the executor can say where (never what)."""
+    if not hasattr(exc, STEP_ATTRIBUTE):
+        setattr(exc, STEP_ATTRIBUTE, step_id)
+
+
+def _call(step_id: str, callback: Any, state: Any, ctx: StepContext) -> Any:
+    try:
+        return callback(state, ctx)
+    except Exception as exc:
+        mark_step(exc, step_id)
+        raise
+
+
 def _run(plan: Plan, state: Any, step_id: str, facts: RunFacts,
          decisions: list[Decision]) -> DriveResult:
     for _ in range(MAX_STEPS_PER_SEGMENT):
@@ -121,14 +142,14 @@ def _run(plan: Plan, state: Any, step_id: str, facts: RunFacts,
         before = plan.state_to_json(state)
         if step.kind == "action":
             assert step.callback is not None and step.next is not None
-            result = step.callback(state, _context(facts, step.id))
+            result = _call(step.id, step.callback, state, _context(facts, step.id))
             state = state if result is None else result
             after = plan.state_to_json(state)
             decisions.append(Decision(step.id, "ACTION_COMPLETED", before, after))
             step_id = step.next
         elif step.kind == "decision":
             assert step.callback is not None
-            chosen = step.callback(state, _context(facts, step.id))
+            chosen = _call(step.id, step.callback, state, _context(facts, step.id))
             if chosen not in step.targets:
                 raise NonRetryable(
                     f"decision {step.id!r} of workflow {plan.id!r} chose an undeclared step "

@@ -27,12 +27,6 @@ EXECUTION_LOCK_NAMESPACE = 0x56574600
 LAST_ERROR_MAX = 4000
 ENDED = "('COMPLETED', 'COMPENSATED', 'CANCELLED', 'EXPIRED')"
 
-LOCK_INSTANCE = f"""
-SELECT set_config('lock_timeout', %s, true) AS applied,
-       pg_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text)) AS locked,
-       set_config('lock_timeout', current_setting('lock_timeout'), true) AS restored
-FROM (SELECT current_setting('lock_timeout') AS previous) prev
-"""
 # set_config runs left to right; the third call restores the caller's value.
 LOCK_INSTANCE = f"""
 WITH prev AS (SELECT current_setting('lock_timeout') AS previous)
@@ -41,6 +35,8 @@ SELECT set_config('lock_timeout', %s, true),
        set_config('lock_timeout', prev.previous, true)
 FROM prev
 """
+
+SET_STATEMENT_DEADLINE = "SELECT set_config('statement_timeout', %s, true)"
 
 TRY_LOCK_INSTANCE = f"""
 SELECT pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text))
@@ -253,7 +249,7 @@ SELECT id, seq, kind, target_json, timer_id, task_id FROM cancelled ORDER BY id
 """
 
 EARLIEST_AVAILABILITY_DELAY_MS = f"""
-SELECT GREATEST(0, floor(extract(epoch FROM (min(available_at) - now())) * 1000))::bigint
+SELECT ceil(extract(epoch FROM (min(available_at) - now())) * 1000)::bigint
 FROM {T['commands']} WHERE state IN ('PENDING', 'DEFERRED') AND available_at > now()
 """
 
@@ -344,6 +340,11 @@ def lock_instance(workflow_id: Any, lock_timeout_ms: int) -> None:
     db.fetchone(LOCK_INSTANCE, (f"{int(lock_timeout_ms)}ms", str(workflow_id)))
 
 
+def set_statement_deadline(milliseconds: int) -> None:
+    """Bound every later statement of this transaction (a segment's deadline)."""
+    db.fetchone(SET_STATEMENT_DEADLINE, (f"{int(milliseconds)}ms",))
+
+
 def try_lock_instance(workflow_id: Any) -> bool:
     row = db.fetchone(TRY_LOCK_INSTANCE, (str(workflow_id),))
     return bool(row and row[0])
@@ -408,6 +409,7 @@ def claim(command_id: int, workflow_id: Any, *, node_id: str, lease_seconds: flo
         return None
     (cid, wf, seq, kind, attempts, target, task_id, a_kind, a_id, a_reason, a_obo, a_status,
      instance_status) = row
+    target = db.load_json(target)
     actor = actor_from_row(a_kind, a_id, a_reason, a_obo, a_status)
     common = {"command_id": cid, **actor.history_columns()}
     if instance_status in ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED"):
@@ -460,7 +462,8 @@ def fence(command_id: int, token: Any) -> FencedCommand | None:
         return None
     (cid, wf, seq, kind, payload, target, dedup_key, context, carrier, a_kind, a_id, a_reason,
      a_obo, a_status, attempts, claimed_by, timer_kind, timer_id, task_id) = row
-    return FencedCommand(cid, wf, seq, kind, payload, target, dedup_key, context, carrier,
+    return FencedCommand(cid, wf, seq, kind, db.load_json(payload), db.load_json(target),
+                         dedup_key, db.load_json(context), db.load_json(carrier),
                          actor_from_row(a_kind, a_id, a_reason, a_obo, a_status), attempts,
                          claimed_by, timer_kind, timer_id, task_id)
 
@@ -488,6 +491,7 @@ def settle_ended(workflow_id: Any, *, cancelled: bool) -> int:
         reason = error_text("INSTANCE_ENDED", "command of an ended instance")
     rows = db.fetchall(SETTLE_ENDED, {"wf": workflow_id, "state": state, "last_error": reason})
     for cid, seq, kind, target, *actor_cols in rows:
+        target = db.load_json(target)
         history.append(workflow_id,
                        [HistoryEntry(event, _command_payload(cid, seq, kind, target, reason))],
                        command_id=cid, **actor_from_row(*actor_cols).history_columns())
@@ -555,10 +559,12 @@ def defer(command_id: int, head: Head, reason: str) -> int:
 def cancel_all(workflow_id: Any) -> list[dict[str, Any]]:
     """Cancel every open command of the instance (caller holds the execution lock)."""
     rows = db.fetchall(CANCEL_ALL, {"wf": workflow_id})
-    return [{"id": r[0], "seq": r[1], "kind": r[2], "target": r[3], "timer_id": r[4],
+    return [{"id": r[0], "seq": r[1], "kind": r[2], "target": db.load_json(r[3]),
+             "timer_id": r[4],
              "task_id": r[5]} for r in rows]
 
 
 def earliest_availability_delay_ms() -> int | None:
+    """Milliseconds from the database clock to the earliest future PENDING/DEFERRED command."""
     row = db.fetchone(EARLIEST_AVAILABILITY_DELAY_MS)
-    return None if row is None or row[0] is None else int(row[0])
+    return None if row is None or row[0] is None else max(0, int(row[0]))

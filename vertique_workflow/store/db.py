@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -54,6 +55,13 @@ def execute(sql: str, params: Sequence[Any] = ()) -> int:
     with cursor() as cur:
         cur.execute(sql, params)
         return cur.rowcount
+
+
+def load_json(value: Any) -> Any:
+    """A jsonb value read by raw SQL: Django's connection hands jsonb back as text."""
+    if isinstance(value, (str, bytes, bytearray)):
+        return json.loads(value)
+    return value
 
 
 def sqlstate(exc: BaseException) -> str | None:

@@ -76,9 +76,13 @@ def append(workflow_id: Any, entries: Sequence[HistoryEntry], **common: Any) -> 
 
 def decision_log(workflow_id: Any, up_to_sequence: int) -> list[tuple[str, Any, Any]]:
     """(event_type, payload, patch) of the decision log up to a sequence."""
-    return [(row[1], row[2], row[3])
+    return [(row[1], db.load_json(row[2]), db.load_json(row[3]))
             for row in db.fetchall(DECISION_LOG, (workflow_id, up_to_sequence))]
 
 
 def entries(workflow_id: Any) -> list[dict[str, Any]]:
-    return db.fetchdicts(LIST, (workflow_id,))
+    rows = db.fetchdicts(LIST, (workflow_id,))
+    for row in rows:
+        row["payload_json"] = db.load_json(row["payload_json"])
+        row["patch_json"] = db.load_json(row["patch_json"])
+    return rows

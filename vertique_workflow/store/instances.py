@@ -55,6 +55,9 @@ RETURNING version
 """
 
 
+_JSON_COLUMNS = (6, 8, 9)  # state_json, subject_json, metadata
+
+
 @dataclass(frozen=True)
 class InstanceRow:
     id: Any
@@ -95,7 +98,12 @@ def insert_pending(instance_id: Any, *, definition_id: str, definition_version: 
 
 def get(instance_id: Any) -> InstanceRow | None:
     row = db.fetchone(SELECT, (instance_id,))
-    return None if row is None else InstanceRow(*row)
+    if row is None:
+        return None
+    values = list(row)
+    for index in _JSON_COLUMNS:
+        values[index] = db.load_json(values[index])
+    return InstanceRow(*values)
 
 
 def update_after_segment(instance_id: Any, *, expected_version: int, status: str,

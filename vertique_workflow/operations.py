@@ -1,0 +1,290 @@
+"""The record side: start, signal, cancel and get.
+
+Each operation runs in ``transaction.atomic()`` on the workflow database, so
+it joins the caller's transaction: the workflow rows commit or roll back with
+the application's own writes. It never runs workflow code; it validates,
+deduplicates, writes a command and returns. Executors run the command later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, transaction
+
+from . import context
+from .conf import workflow_settings
+from .engine.decision_log import HistoryEntry
+from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
+from .pins import resolve_start_pin, signal_schema_source
+from .store import commands, db, dedup, history, instances
+
+DEFAULT_SCOPE = "default"
+KEY_MAX = 255
+
+
+@dataclass(frozen=True)
+class InstanceRef:
+    """What ``start`` returns: the instance id and whether this call created it."""
+
+    id: uuid.UUID
+    definition_id: str
+    definition_version: int
+    created: bool
+
+
+@dataclass(frozen=True)
+class SignalReceipt:
+    """What ``signal`` returns: the recorded command, or the earlier one for a replay."""
+
+    instance_id: uuid.UUID
+    name: str
+    command_id: int | None
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """A read of an instance for views, tests and the admin."""
+
+    id: uuid.UUID
+    definition_id: str
+    definition_version: int
+    status: str
+    current_step: str | None
+    state: Any
+    business_key: str | None
+    scope: str
+    error_type: str | None
+    error_message: str | None
+    version: int
+    created_at: Any
+    updated_at: Any
+    completed_at: Any
+
+
+def _fingerprint(**parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _require_key(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > KEY_MAX:
+        raise WorkflowValidationError(f"{what} must be a non-empty string of at most {KEY_MAX} "
+                                      "characters")
+    return value
+
+
+def _require_json(value: Any, what: str) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise WorkflowValidationError(f"{what} must be JSON-serialisable") from None
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise WorkflowNotFound("no workflow instance with that id") from None
+
+
+def _atomic() -> Any:
+    return transaction.atomic(using=db.alias())
+
+
+def start(definition_id: str, payload: dict[str, Any] | None = None, *, idempotency_key: str,
+          business_key: str | None = None, scope: str = DEFAULT_SCOPE,
+          version: int | None = None, actor: context.Actor | None = None,
+          subject: Any = None) -> InstanceRef:
+    """Record a new instance of ``definition_id`` and its START command.
+
+    Joins the caller's transaction. The same ``idempotency_key`` with the same
+    arguments returns the same instance (``created=False``); with other
+    arguments it raises ``WorkflowConflict``, as does a business key already
+    used in the scope. A payload failing the start schema raises
+    ``WorkflowValidationError``; nothing is written then.
+    """
+    _require_key(definition_id, "definition_id")
+    _require_key(idempotency_key, "idempotency_key")
+    _require_key(scope, "scope")
+    if business_key is not None:
+        _require_key(business_key, "business_key")
+    if version is not None and (not isinstance(version, int) or version < 1):
+        raise WorkflowValidationError("version must be a positive integer")
+    if payload is not None and not isinstance(payload, dict):
+        raise WorkflowValidationError("the start payload must be a JSON object")
+    _require_json(payload, "the start payload")
+    fingerprint = _fingerprint(payload=payload, business_key=business_key, version=version)
+
+    with _atomic():
+        earlier = dedup.find("START", scope, definition_id, idempotency_key)
+        if earlier is not None:
+            return _replayed_start(earlier, fingerprint)
+        pin = resolve_start_pin(definition_id, scope, version)
+        pin.check_start_payload(payload or {})
+        instance_id = uuid.uuid4()
+        try:
+            with _atomic():
+                pin.admit()
+                # the key first: a concurrent start with the same key then resolves
+                # as a replay, not as a business-key conflict
+                if not dedup.claim("START", scope, definition_id, idempotency_key, instance_id,
+                                   fingerprint, {"instanceId": str(instance_id)}):
+                    raise _LostKeyRace
+                instances.insert_pending(
+                    instance_id, definition_id=definition_id, definition_version=pin.version,
+                    plan_hash=pin.plan_hash, business_key=business_key, subject=subject,
+                    metadata={}, scope_key=scope, definition_scope_key=pin.scope)
+                commands.insert(instance_id, "START", payload=payload or {},
+                                dedup_key=idempotency_key, target=subject,
+                                context=context.capture(), actor=context.stored_actor(actor))
+        except _LostKeyRace:
+            earlier = dedup.find("START", scope, definition_id, idempotency_key)
+            assert earlier is not None
+            return _replayed_start(earlier, fingerprint)
+        except DatabaseError as exc:
+            if db.sqlstate(exc) == "23505":
+                raise WorkflowConflict(
+                    f"business key already used by another instance of {definition_id!r} "
+                    f"in scope {scope!r}") from None
+            raise db.translate(exc, "start") from None
+    return InstanceRef(instance_id, definition_id, pin.version, created=True)
+
+
+class _LostKeyRace(Exception):
+    """Another transaction committed the same idempotency key first."""
+
+
+def _replayed_start(earlier: tuple[Any, str, Any], fingerprint: str) -> InstanceRef:
+    workflow_id, stored, _ = earlier
+    if stored != fingerprint:
+        raise WorkflowConflict("idempotency key already used for a different start")
+    row = instances.get(workflow_id)
+    if row is None:  # purged by retention: the key outlived its instance
+        raise WorkflowNotFound("the instance started with that idempotency key no longer exists")
+    return InstanceRef(row.id, row.definition_id, row.definition_version, created=False)
+
+
+def signal(instance_id: Any, name: str, payload: Any = None, *, dedup_key: str,
+           actor: context.Actor | None = None) -> SignalReceipt:
+    """Record a signal for an instance (applied later by an executor).
+
+    A committed duplicate (same key, same name and payload) returns the
+    earlier receipt; the same key with another signal raises
+    ``WorkflowConflict``. Undeclared names and payloads failing the declared
+    schema raise ``WorkflowValidationError``; an ended instance or an instance
+    at its open-signal cap raises ``WorkflowConflict``. Refusals write nothing.
+    """
+    workflow_id = _uuid(instance_id)
+    _require_key(name, "signal name")
+    _require_key(dedup_key, "dedup_key")
+    _require_json(payload, "the signal payload")
+    fingerprint = _fingerprint(name=name, payload=payload)
+    namespace = str(workflow_id)
+    with _atomic():
+        earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
+        if earlier is not None:
+            return _replayed_signal(earlier, fingerprint, workflow_id, name)
+        row = instances.get(workflow_id)
+        if row is None:
+            raise WorkflowNotFound("no workflow instance with that id")
+        signal_schema_source(row).check_signal(name, payload)
+        if row.ended:
+            raise WorkflowConflict(f"the instance has ended ({row.status}); signal refused")
+        try:
+            with _atomic():
+                commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
+                if not commands.raise_open_signals(workflow_id,
+                                                   workflow_settings.OPEN_SIGNALS_CAP):
+                    raise WorkflowConflict(
+                        f"the instance holds {workflow_settings.OPEN_SIGNALS_CAP} open signals "
+                        "(OPEN_SIGNALS_CAP); signal refused")
+                if not dedup.claim("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key, workflow_id,
+                                   fingerprint):
+                    raise _LostKeyRace
+                command_id, _ = commands.insert(
+                    workflow_id, "SIGNAL", payload=payload, dedup_key=dedup_key,
+                    target={"name": name}, context=context.capture(),
+                    actor=context.stored_actor(actor))
+        except _LostKeyRace:
+            # another transaction committed the key first; our writes rolled back
+            earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
+            assert earlier is not None
+            return _replayed_signal(earlier, fingerprint, workflow_id, name)
+        except DatabaseError as exc:
+            raise db.translate(exc, "signal") from None
+    return SignalReceipt(workflow_id, name, command_id, duplicate=False)
+
+
+def _replayed_signal(earlier: tuple[Any, str, Any], fingerprint: str, workflow_id: uuid.UUID,
+                     name: str) -> SignalReceipt:
+    stored_workflow, stored, _ = earlier
+    if stored != fingerprint or stored_workflow != workflow_id:
+        raise WorkflowConflict("dedup key already used for a different signal")
+    return SignalReceipt(workflow_id, name, None, duplicate=True)
+
+
+def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None) -> bool:
+    """Cancel an instance and every open command of it; False when it had already ended.
+
+    Runs under the execution lock, so it waits for a running segment and the
+    segment that comes after it finds the instance cancelled.
+    """
+    workflow_id = _uuid(instance_id)
+    _require_key(reason, "reason")
+    stored = context.stored_actor(actor)
+    with _atomic():
+        try:
+            commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
+            row = instances.get(workflow_id)
+            if row is None:
+                raise WorkflowNotFound("no workflow instance with that id")
+            if row.ended:
+                return False
+            message = commands.error_text("CANCELLED", reason)
+            instances.mark_cancelled(workflow_id, message)
+            cancelled = commands.cancel_all(workflow_id)
+            entries = [
+                HistoryEntry("COMMAND_CANCELLED", {
+                    "commandId": c["id"], "seq": c["seq"], "kind": c["kind"],
+                    **({"signal": str((c["target"] or {}).get("name", ""))[:255]}
+                       if c["kind"] == "SIGNAL" else {}),
+                }, extra={"command_id": c["id"]})
+                for c in cancelled
+            ]
+            entries.append(HistoryEntry("WORKFLOW_CANCELLED", {"reason": reason[:255]},
+                                        outcome="CANCELLED"))
+            history.append(workflow_id, entries, **stored.history_columns())
+        except DatabaseError as exc:
+            raise db.translate(exc, "cancel") from None
+    return True
+
+
+def get(instance_id: Any) -> InstanceView:
+    """The current snapshot of an instance (``WorkflowNotFound`` when absent)."""
+    row = instances.get(_uuid(instance_id))
+    if row is None:
+        raise WorkflowNotFound("no workflow instance with that id")
+    return InstanceView(
+        id=row.id, definition_id=row.definition_id, definition_version=row.definition_version,
+        status=row.status, current_step=row.current_step_id, state=row.state_json,
+        business_key=row.business_key, scope=row.scope_key, error_type=row.error_type,
+        error_message=row.error_message, version=row.version, created_at=row.created_at,
+        updated_at=row.updated_at, completed_at=row.completed_at,
+    )
+
+
+def history_of(instance_id: Any) -> list[dict[str, Any]]:
+    """Every history entry of an instance, in sequence order."""
+    return history.entries(_uuid(instance_id))
+
+
+__all__ = ["InstanceRef", "InstanceView", "SignalReceipt", "cancel", "get", "history_of",
+           "signal", "start"]

@@ -1,0 +1,105 @@
+"""Which definition version a start pins, and which signals an instance accepts.
+
+The registry rows (selection read, pin admission, declared signal names) are
+the source of truth across nodes; the node's own catalog supplies the plan
+when the registry holds no row yet (a code definition not synced by this
+deploy's first executor start) and validates payloads against the plan's
+compiled schemas when it is resident.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from .definitions import Plan, catalog
+from .exceptions import WorkflowNotFound, WorkflowValidationError
+from .store import definitions as registry
+from .store.instances import InstanceRow
+
+DEFAULT_SCOPE = "default"
+
+
+def resident_plan(definition_id: str, version: int, plan_hash: str) -> Plan | None:
+    """The node's plan of a pin, only when its hash matches."""
+    plan = catalog.get(definition_id, version)
+    if plan is None or plan.plan_hash != plan_hash:
+        return None
+    return plan
+
+
+@dataclass(frozen=True)
+class Pin:
+    """The (scope, id, version, hash) a new instance will be pinned to."""
+
+    scope: str
+    definition_id: str
+    version: int
+    plan_hash: str
+    plan: Plan | None
+    start_schema: dict[str, Any] | None
+
+    def check_start_payload(self, payload: Any) -> None:
+        if self.plan is not None:
+            self.plan.check_start_payload(payload)
+        elif self.start_schema is not None:
+            _check_schema(self.start_schema, payload, f"start payload of {self.definition_id!r}")
+
+    def admit(self) -> None:
+        registry.admit_pin(self.scope, self.definition_id, self.version, self.plan_hash)
+
+
+def resolve_start_pin(definition_id: str, scope: str, version: int | None) -> Pin:
+    """Select the version to start (selection read) and the plan to validate with."""
+    result = registry.selection_read(scope, definition_id)
+    if not result.rows:
+        plan = catalog.get(definition_id, version) if version else catalog.latest(definition_id)
+        if plan is None:
+            raise WorkflowNotFound(f"workflow definition {definition_id!r} does not exist")
+        return Pin(DEFAULT_SCOPE, definition_id, plan.version, plan.plan_hash, plan,
+                   plan.start_schema)
+    row = registry.select_version(result, scope, version)
+    return Pin(row.scope_key, definition_id, row.version, row.plan_hash,
+               resident_plan(definition_id, row.version, row.plan_hash), row.start_schema)
+
+
+@dataclass(frozen=True)
+class SignalSchemas:
+    """The declared signals of an instance's pin (None: every name is admitted)."""
+
+    definition_id: str
+    plan: Plan | None
+    declared: dict[str, Any] | None
+
+    def check_signal(self, name: str, payload: Any) -> None:
+        if self.plan is not None:
+            self.plan.check_signal_payload(name, payload)
+            return
+        if self.declared is None:
+            return
+        if name not in self.declared:
+            raise WorkflowValidationError(
+                f"workflow {self.definition_id!r} declares no signal {name[:64]!r}")
+        schema = self.declared[name]
+        if schema is not None:
+            _check_schema(schema, payload, f"payload of signal {name!r}")
+
+
+def signal_schema_source(row: InstanceRow) -> SignalSchemas:
+    plan = resident_plan(row.definition_id, row.definition_version, row.plan_hash)
+    if plan is not None:
+        return SignalSchemas(row.definition_id, plan, None)
+    declared = registry.declared_signal_names(row.definition_scope_key, row.definition_id,
+                                              row.definition_version)
+    return SignalSchemas(row.definition_id, None, declared)
+
+
+def _check_schema(schema: dict[str, Any], payload: Any, what: str) -> None:
+    error = next(iter(Draft202012Validator(schema).iter_errors(payload)), None)
+    if error is not None:
+        # the path and the rule only: jsonschema's message quotes the value
+        raise WorkflowValidationError(
+            f"{what} does not match its schema at {error.json_path}: "
+            f"{error.validator!r} rule failed")

@@ -1,0 +1,64 @@
+"""Helpers for users' own tests: run recorded commands in-process until idle.
+
+``run_until_idle()`` is the test harness DBOS and Temporal users expect: start
+or signal a workflow in a test, call it, and assert on the result. It runs
+commands on the calling thread (the test's own connection), so it must see
+committed work: use it with ``transaction=True`` tests (pytest-django) or
+``TransactionTestCase``, or inside the same transaction when the commands
+were recorded by that transaction (the default ``django_db`` case works too:
+every read and write happens on the one connection).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .conf import workflow_settings
+from .executor.segment import default_node_id, run_head
+from .registry import ensure_synced
+from .store import commands as command_log
+from .store import probe as reads
+
+
+@dataclass
+class RunReport:
+    """What ``run_until_idle`` did: one outcome name per head it handled."""
+
+    outcomes: list[str] = field(default_factory=list)
+
+    def count(self, outcome: str) -> int:
+        return self.outcomes.count(outcome)
+
+
+def run_until_idle(*, max_commands: int = 10_000, wait_for_retries: bool = True,
+                   timeout: float = 60.0) -> RunReport:
+    """Run claimable commands until the probe says idle.
+
+    With ``wait_for_retries`` (the default) a command that is backing off
+    after a failed attempt (available within BACKOFF_MAX_MS) is waited for,
+    using the database clock's delay to it, so a test sees retries and dead
+    letters play out. Deferred commands (minutes away) are not waited for.
+    """
+    ensure_synced()
+    node_id = f"test:{default_node_id()}"
+    report = RunReport()
+    deadline = time.monotonic() + timeout
+    horizon_ms = workflow_settings.BACKOFF_MAX_MS
+    while len(report.outcomes) < max_commands:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run_until_idle did not reach idle within {timeout} s")
+        heads = command_log.peek(16)
+        if heads:
+            for head in heads:
+                report.outcomes.append(run_head(head, node_id).result)
+            continue
+        idle, _ = reads.idle()
+        if not idle:
+            time.sleep(0.01)  # another worker's claim is in flight; its lease bounds this
+            continue
+        delay = command_log.earliest_availability_delay_ms() if wait_for_retries else None
+        if delay is None or delay > horizon_ms:
+            return report
+        time.sleep(delay / 1000.0 + 0.001)
+    return report
