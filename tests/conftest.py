@@ -59,3 +59,29 @@ def scratch_database(django_db_blocker: Any) -> Iterator[str]:
     finally:
         with django_db_blocker.unblock(), connect("postgres", autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def table_counts() -> dict[str, int]:
+    """Row count of every workflow table (to prove a refusal wrote nothing)."""
+    from django.db import connection
+
+    from vertique_workflow import tables
+
+    counts = {}
+    with connection.cursor() as cursor:
+        for key, name in tables.sql_names().items():
+            cursor.execute(f"SELECT count(*) FROM {name}")
+            counts[key] = cursor.fetchone()[0]
+    return counts
+
+
+@pytest.fixture
+def reset_gates() -> Iterator[None]:
+    from tests.flows.workflows import Blocking, Gate
+
+    Gate.fail_times, Gate.non_retryable, Gate.calls = 0, False, 0
+    Blocking.entered.clear()
+    Blocking.release.clear()
+    yield
+    Gate.fail_times, Gate.non_retryable, Gate.calls = 0, False, 0
+    Blocking.release.set()

@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "start": "operations", "signal": "operations", "cancel": "operations", "get": "operations",
-    "history_of": "operations", "InstanceRef": "operations", "InstanceView": "operations",
+    "history_of": "operations", "state_at": "operations", "InstanceRef": "operations", "InstanceView": "operations",
     "SignalReceipt": "operations",
     "Actor": "context", "register_durable": "context",
     "WorkflowError": "exceptions", "WorkflowNotFound": "exceptions",

@@ -18,7 +18,7 @@ from django.db import DatabaseError, transaction
 
 from . import context
 from .conf import workflow_settings
-from .engine.decision_log import HistoryEntry
+from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
 from .pins import resolve_start_pin, signal_schema_source
 from .store import commands, db, dedup, history, instances
@@ -286,5 +286,20 @@ def history_of(instance_id: Any) -> list[dict[str, Any]]:
     return history.entries(_uuid(instance_id))
 
 
+def state_at(instance_id: Any, sequence: int) -> Any:
+    """The state right after history entry ``sequence``, rebuilt from the decision log.
+
+    Replays the last STATE_BASELINE up to that entry and the DECISION patches
+    after it. Fields named in REDACTED_FIELDS were never logged, so they are
+    absent from the result. Raises ``WorkflowNotFound`` when no decision log
+    reaches that entry (an instance from before the log, or a bad sequence).
+    """
+    entries = history.decision_log(_uuid(instance_id), sequence)
+    try:
+        return replay(entries)
+    except ValueError:
+        raise WorkflowNotFound("no decision log reaches that history entry") from None
+
+
 __all__ = ["InstanceRef", "InstanceView", "SignalReceipt", "cancel", "get", "history_of",
-           "signal", "start"]
+           "signal", "start", "state_at"]

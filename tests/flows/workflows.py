@@ -115,3 +115,64 @@ class ShipmentFlow(Workflow[dict]):
 
     confirm_wait = wait("confirm", next="done")
     done = end()
+
+
+class TwoWaits(Workflow[dict]):
+    """Waits for "first", then for "second": a "second" sent early is parked."""
+
+    id, version, contract = "two-waits", 1, "two-waits.v1"
+    signals = {"first": None, "second": None, "extra": None}
+
+    @action(start=True, next="wait_first")
+    def begin(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "log": [*state.get("log", []), "begin"]}
+
+    wait_first = wait("first", next="after_first")
+
+    @action(next="wait_second")
+    def after_first(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "log": [*state.get("log", []), "after_first"]}
+
+    wait_second = wait("second", next="done")
+    done = end()
+
+
+class Blocking:
+    """Lets a test hold a segment open inside an action (a real transaction)."""
+
+    import threading
+
+    entered = threading.Event()
+    release = threading.Event()
+    context_seen: list[Any] = []
+
+
+class BlockingFlow(Workflow[dict]):
+    """The start action blocks until the test releases it; then waits for "go"."""
+
+    id, version, contract = "blocking", 1, "blocking.v1"
+    signals = {"go": None}
+
+    @action(start=True, next="wait_go")
+    def hold(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        Blocking.entered.set()
+        if not Blocking.release.wait(30):
+            raise RuntimeError("the test never released the blocking action")
+        return {**state, "held": True}
+
+    wait_go = wait("go", next="done")
+    done = end()
+
+
+class ContextFlow(Workflow[dict]):
+    """Copies the durable tenant context into the state."""
+
+    id, version, contract = "context-flow", 1, "context-flow.v1"
+
+    @action(start=True, next="done")
+    def read_context(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from tests.flows.context import TENANT
+
+        return {**state, "tenant": TENANT.get()}
+
+    done = end()
