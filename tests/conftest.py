@@ -85,3 +85,20 @@ def reset_gates() -> Iterator[None]:
     yield
     Gate.fail_times, Gate.non_retryable, Gate.calls = 0, False, 0
     Blocking.release.set()
+
+
+@pytest.fixture(autouse=True)
+def _flush_placed_workflow_tables(request: pytest.FixtureRequest,
+                                  django_db_blocker: Any) -> Iterator[None]:
+    """Django's flush misses tables outside the search_path (a SCHEMA placement)."""
+    yield
+    from vertique_workflow import tables
+
+    marker = request.node.get_closest_marker("django_db")
+    transactional = "transactional_db" in request.fixturenames or bool(
+        marker and marker.kwargs.get("transaction"))
+    if tables.SCHEMA and transactional:
+        from vertique_workflow.testing import flush_workflow_tables
+
+        with django_db_blocker.unblock():
+            flush_workflow_tables()

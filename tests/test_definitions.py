@@ -848,7 +848,15 @@ def test_autodiscover_registers_workflows_modules_and_explicit_classes(
     assert catalog_module.catalog.get("elsewhere", 1) is Elsewhere.plan()
     target = Catalog()
     plans = autodiscover(target)
-    assert [p.id for p in plans] == ["elsewhere", "order", "expense-approval"]
+    from tests.flows import workflows as flows_module
+
+    declared = [
+        value.id for value in vars(flows_module).values()
+        if isinstance(value, type) and issubclass(value, Workflow) and value is not Workflow
+        and getattr(value, "id", None)
+    ]
+    assert [p.id for p in plans] == ["elsewhere", *declared]
+    assert {"order", "expense-approval"} <= set(declared)
     assert target.get("order", 1) is OrderFlow.plan()
     assert autodiscover(target) == plans  # idempotent
 

@@ -373,23 +373,20 @@ def test_concurrent_boots_of_several_versions_activate_the_highest(holder):
 @pytest.mark.django_db(transaction=True)
 def test_mutations_run_at_read_committed_in_their_own_transaction():
     with connection.cursor() as cursor:
-        cursor.execute("ALTER DATABASE CURRENT SET default_transaction_isolation = 'serializable'")
-    connection.close()
+        cursor.execute("SET default_transaction_isolation = 'serializable'")
     try:
         plan = FakePlan(new_id(), 1)
-        assert store.upsert_code(plan) == "INSERTED"
+        assert store.upsert_code(plan) == "INSERTED"  # its own transaction: READ COMMITTED
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SHOW transaction_isolation")
             assert cursor.fetchone() == ("serializable",)
             with pytest.raises(WorkflowPersistenceError, match="READ COMMITTED"):
                 store.upsert_code(plan)
     finally:
-        with connection.cursor() as cursor:
-            cursor.execute("ALTER DATABASE CURRENT RESET default_transaction_isolation")
         connection.close()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_lock_wait_over_the_timeout_is_a_retryable_error_naming_the_id(holder):
     plan = FakePlan(new_id(), 1)
     store.upsert_code(plan)
@@ -399,8 +396,11 @@ def test_a_lock_wait_over_the_timeout_is_a_retryable_error_naming_the_id(holder)
     assert failed.value.retryable is True
     assert plan.id in str(failed.value)
     assert failed.value.__cause__ is not None
-    # the savepoint rolled back: the caller's transaction goes on
-    assert row(plan.id, 1).status == "AVAILABLE"
+    # inside a caller's transaction only the registry's savepoint rolls back
+    with transaction.atomic():
+        with lock_timeout(100), pytest.raises(WorkflowPersistenceError):
+            store.transition("default", plan.id, 1, "AVAILABLE", "DEPRECATED")
+        assert row(plan.id, 1).status == "AVAILABLE"
 
 
 # --------------------------------------------------------------------------
@@ -555,20 +555,19 @@ def test_repeatable_read_refuses_an_id_with_no_visible_row():
         cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         store.admit_pin("default", plan.id, 1, plan.plan_hash)
         cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' OR "
-            "(locktype = 'relation' AND mode = 'RowShareLock' AND relation = %s::regclass)",
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND "
+            "locktype = 'relation' AND mode = 'RowShareLock' AND relation = %s::regclass",
             [T["definitions"]],
         )
-        (locks,) = cursor.fetchone()
-        assert locks >= 1  # read FOR SHARE
+        assert cursor.fetchone() == (1,)  # the rows were read FOR SHARE
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_admissions_share_the_id_lock_and_wait_for_a_mutation(holder):
     plan = FakePlan(new_id(), 1)
     store.upsert_code(plan)
     hold(holder, plan.id, shared=True)
-    with lock_timeout(100):
+    with lock_timeout(100), transaction.atomic():
         store.admit_pin("default", plan.id, 1, plan.plan_hash)
     holder.rollback()
     hold(holder, plan.id)

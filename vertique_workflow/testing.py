@@ -21,6 +21,19 @@ from .store import commands as command_log
 from .store import probe as reads
 
 
+def flush_workflow_tables() -> None:
+    """Empty every workflow table.
+
+    Django's test flush only truncates tables it finds on the ``search_path``;
+    with a ``SCHEMA`` placement the workflow tables are elsewhere, so
+    transactional tests (``TransactionTestCase``, ``django_db(transaction=True)``)
+    should call this after each test (see docs/testing.md).
+    """
+    from .store.maintenance import truncate_all
+
+    truncate_all()
+
+
 @dataclass
 class RunReport:
     """What ``run_until_idle`` did: one outcome name per head it handled."""

@@ -395,6 +395,7 @@ def _known_failure(value: str | None) -> str | None:
 # Transactions and errors
 # --------------------------------------------------------------------------
 
+
 def _translated(exc: DatabaseError, definition_id: str) -> Exception | None:
     """The package error for a database error, or None to let it propagate as is."""
     state = db.sqlstate(exc)
