@@ -197,8 +197,10 @@ def start(bindir: Path, user: str | None) -> tuple[Path, int, Path]:
     data = claim_data_folder(home, major)
     if (data / "postmaster.pid").exists():
         # left behind by a run that was killed: nobody else holds the lock
-        subprocess.run(as_user(user, [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate",
-                                      "stop"]), capture_output=True)
+        subprocess.run(
+            as_user(user, [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+            capture_output=True,
+        )
     if not (data / "PG_VERSION").exists():
         shutil.rmtree(data, ignore_errors=True)
         data.mkdir(mode=0o700)
@@ -207,9 +209,21 @@ def start(bindir: Path, user: str | None) -> tuple[Path, int, Path]:
             os.chown(data, entry.pw_uid, entry.pw_gid)
         log(f"initdb {data} (PostgreSQL {major})")
         subprocess.run(
-            as_user(user, [str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
-                           "--auth=trust", "--encoding=UTF8", "--no-sync"]),
-            check=True, stdout=subprocess.DEVNULL,
+            as_user(
+                user,
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--no-sync",
+                ],
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
     port = free_port()
     options = (
@@ -220,8 +234,22 @@ def start(bindir: Path, user: str | None) -> tuple[Path, int, Path]:
     )
     logfile = data / "server.log"
     result = subprocess.run(
-        as_user(user, [str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(logfile),
-                       "-w", "-t", "60", "start"]),
+        as_user(
+            user,
+            [
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-o",
+                options,
+                "-l",
+                str(logfile),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        ),
         stdout=subprocess.DEVNULL,
     )
     if result.returncode != 0:
@@ -235,14 +263,16 @@ def start(bindir: Path, user: str | None) -> tuple[Path, int, Path]:
 def stop(bindir: Path, data: Path, user: str | None) -> None:
     subprocess.run(
         as_user(user, [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--pg", default="default",
+        "--pg",
+        default="default",
         help="18/wheel (default), 15 or another major (system), system, or a bindir",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -257,10 +287,16 @@ def main() -> int:
 
     user = server_user()
     bindir, port, data = start(choose_bindir(args.pg), user)
-    env = dict(os.environ, PGHOST="127.0.0.1", PGPORT=str(port), PGUSER="postgres",
-               PGDATABASE="postgres", VERTIQUE_PG_BINDIR_USED=str(bindir),
-               VERTIQUE_PG_DATA=str(data),
-               DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/postgres")
+    env = dict(
+        os.environ,
+        PGHOST="127.0.0.1",
+        PGPORT=str(port),
+        PGUSER="postgres",
+        PGDATABASE="postgres",
+        VERTIQUE_PG_BINDIR_USED=str(bindir),
+        VERTIQUE_PG_DATA=str(data),
+        DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/postgres",
+    )
     child: subprocess.Popen[bytes] | None = None
 
     def forward(signum: int, _frame: object) -> None:

@@ -19,8 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def server_params(dbname: str) -> dict[str, Any]:
     db = settings.DATABASES["default"]
-    params = {"host": db["HOST"], "port": db["PORT"], "user": db["USER"],
-              "password": db["PASSWORD"], "dbname": dbname}
+    params = {
+        "host": db["HOST"],
+        "port": db["PORT"],
+        "user": db["USER"],
+        "password": db["PASSWORD"],
+        "dbname": dbname,
+    }
     return {k: v for k, v in params.items() if v not in ("", None)}
 
 
@@ -34,17 +39,28 @@ def database_url(dbname: str) -> str:
     return f"postgresql://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{dbname}"
 
 
-def run_manage(*args: str, dbname: str, schema: str | None = None,
-               check: bool = True, extra_env: dict[str, str] | None = None,
-               ) -> subprocess.CompletedProcess[str]:
+def run_manage(
+    *args: str,
+    dbname: str,
+    schema: str | None = None,
+    check: bool = True,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run ``django-admin <args>`` with the test settings against another database."""
-    env = dict(os.environ, DATABASE_URL=database_url(dbname),
-               DJANGO_SETTINGS_MODULE="tests.settings", VERTIQUE_TEST_SCHEMA=schema or "")
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url(dbname),
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        VERTIQUE_TEST_SCHEMA=schema or "",
+    )
     env.update(extra_env or {})
-    result = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "django", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"django-admin {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"django-admin {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
@@ -88,15 +104,17 @@ def reset_gates() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _flush_placed_workflow_tables(request: pytest.FixtureRequest,
-                                  django_db_blocker: Any) -> Iterator[None]:
+def _flush_placed_workflow_tables(
+    request: pytest.FixtureRequest, django_db_blocker: Any
+) -> Iterator[None]:
     """Django's flush misses tables outside the search_path (a SCHEMA placement)."""
     yield
     from vertique_workflow import tables
 
     marker = request.node.get_closest_marker("django_db")
     transactional = "transactional_db" in request.fixturenames or bool(
-        marker and marker.kwargs.get("transaction"))
+        marker and marker.kwargs.get("transaction")
+    )
     if tables.SCHEMA and transactional:
         from vertique_workflow.testing import flush_workflow_tables
 

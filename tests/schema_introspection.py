@@ -32,12 +32,14 @@ def describe(conn: Any, schema: str) -> dict[str, Any]:
         )
         columns = {
             name: " ".join(
-                part for part in (
+                part
+                for part in (
                     f"{dtype}({length})" if length else dtype,
                     "NULL" if nullable == "YES" else "NOT NULL",
                     f"DEFAULT {_strip(default, schema)}" if default else "",
                     f"IDENTITY {generation}" if identity == "YES" else "",
-                ) if part
+                )
+                if part
             )
             for name, dtype, length, nullable, default, identity, generation in cur.fetchall()
         }
@@ -69,7 +71,9 @@ def describe(conn: Any, schema: str) -> dict[str, Any]:
         triggers = {name: _strip(definition, schema) for name, definition in cur.fetchall()}
         if columns:
             out["tables"][table] = {
-                "columns": columns, "constraints": constraints, "indexes": indexes,
+                "columns": columns,
+                "constraints": constraints,
+                "indexes": indexes,
                 "triggers": triggers,
             }
     cur.execute(

@@ -29,7 +29,7 @@ def in_threads(*targets: Callable[[], Any]) -> list[Any]:
     def runner(index: int, target: Callable[[], Any]) -> None:
         try:
             results[index] = target()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connections.close_all()
@@ -58,19 +58,21 @@ def test_two_workers_racing_for_one_command_apply_it_once():
     assert set(outcomes) <= {"COMPLETED", "BUSY"}
     command = WorkflowCommand.objects.get(workflow_id=ref.id)
     assert (command.state, command.attempts) == ("COMPLETE", 1)
-    assert WorkflowHistory.objects.filter(workflow_id=ref.id, event_type="WORKFLOW_STARTED"
-                                          ).count() == 1
+    assert (
+        WorkflowHistory.objects.filter(workflow_id=ref.id, event_type="WORKFLOW_STARTED").count()
+        == 1
+    )
 
 
 def test_fence_refuses_a_stale_token_after_the_lease_moved_on():
     ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
     head = commands.peek(1)[0]
     with transaction.atomic():
-        first = commands.claim(head.id, head.workflow_id, node_id="slow", lease_seconds=30,
-                               max_attempts=5)
+        first = commands.claim(
+            head.id, head.workflow_id, node_id="slow", lease_seconds=30, max_attempts=5
+        )
     # the slow node's lease expires before it starts its segment
-    WorkflowCommand.objects.filter(pk=head.id).update(
-        lease_until="2000-01-01T00:00:00Z")
+    WorkflowCommand.objects.filter(pk=head.id).update(lease_until="2000-01-01T00:00:00Z")
     expired_head = commands.peek(1)[0]
     assert run_head(expired_head, "fast").result == "COMPLETED"
 
@@ -78,8 +80,12 @@ def test_fence_refuses_a_stale_token_after_the_lease_moved_on():
     assert run_claimed(head, first.token, first.attempts, plan, "slow").result == "LOST"
     command = WorkflowCommand.objects.get(pk=head.id)
     assert (command.state, command.claimed_by, command.attempts) == ("COMPLETE", "fast", 2)
-    assert WorkflowHistory.objects.filter(workflow_id=ref.id, step_id="reserve",
-                                          event_type="DECISION").count() == 1
+    assert (
+        WorkflowHistory.objects.filter(
+            workflow_id=ref.id, step_id="reserve", event_type="DECISION"
+        ).count()
+        == 1
+    )
     # the stale token can neither release nor retry the command
     assert commands.release(head.id, first.token) == 0
     assert commands.retry_transient(head.id, first.token, 0, "x") == 0
@@ -103,8 +109,9 @@ def test_cancel_racing_a_segment_waits_for_it_and_does_not_deadlock():
         # the cancel is now queued behind the execution lock (or about to be)
         with connection.cursor() as cursor:
             for _ in range(600):
-                cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                               "AND NOT granted")
+                cursor.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                )
                 if cursor.fetchone()[0] >= 1:
                     break
                 threading.Event().wait(0.01)
@@ -116,9 +123,12 @@ def test_cancel_racing_a_segment_waits_for_it_and_does_not_deadlock():
     instance = wf.get(ref.id)
     assert instance.status == "CANCELLED"
     assert instance.state == {"held": True}, "the segment committed before the cancel"
-    assert [e for e in WorkflowHistory.objects.filter(workflow_id=ref.id)
-            .order_by("sequence").values_list("event_type", flat=True)][-1] == (
-        "WORKFLOW_CANCELLED")
+    assert [
+        e
+        for e in WorkflowHistory.objects.filter(workflow_id=ref.id)
+        .order_by("sequence")
+        .values_list("event_type", flat=True)
+    ][-1] == ("WORKFLOW_CANCELLED")
 
 
 def test_concurrent_starts_with_one_key_create_one_instance():
@@ -127,8 +137,7 @@ def test_concurrent_starts_with_one_key_create_one_instance():
     def start() -> Any:
         barrier.wait()
         with transaction.atomic():
-            return wf.start("order", {"amount": 5}, idempotency_key="same",
-                            business_key="BK")
+            return wf.start("order", {"amount": 5}, idempotency_key="same", business_key="BK")
 
     refs = in_threads(*([start] * 4))
     assert len({r.id for r in refs}) == 1
@@ -157,8 +166,10 @@ def test_every_statement_uses_the_configured_placement():
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass('public.workflow_instances') IS NOT NULL")
         in_public = cursor.fetchone()[0]
-        cursor.execute("SELECT n.nspname FROM pg_class c JOIN pg_namespace n "
-                       "ON n.oid = c.relnamespace WHERE c.relname = 'workflow_commands'")
+        cursor.execute(
+            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE c.relname = 'workflow_commands'"
+        )
         placed = [row[0] for row in cursor.fetchall()]
     assert placed == [schema or "public"]
     assert in_public == (schema is None)

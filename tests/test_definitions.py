@@ -851,8 +851,11 @@ def test_autodiscover_registers_workflows_modules_and_explicit_classes(
     from tests.flows import workflows as flows_module
 
     declared = [
-        value.id for value in vars(flows_module).values()
-        if isinstance(value, type) and issubclass(value, Workflow) and value is not Workflow
+        value.id
+        for value in vars(flows_module).values()
+        if isinstance(value, type)
+        and issubclass(value, Workflow)
+        and value is not Workflow
         and getattr(value, "id", None)
     ]
     assert [p.id for p in plans] == ["elsewhere", *declared]

@@ -31,10 +31,14 @@ def seed_pre_0002(conn) -> None:
     )
     conn.execute(
         """INSERT INTO workflow_history (workflow_id, sequence, event_type, payload_json)
-           VALUES (%s, 1, 'STARTED', '{"x": 1}'), (%s, 2, 'WAITING', NULL)""", (A, A))
+           VALUES (%s, 1, 'STARTED', '{"x": 1}'), (%s, 2, 'WAITING', NULL)""",
+        (A, A),
+    )
     conn.execute(
         """INSERT INTO workflow_dedup (kind, scope, key, workflow_id, fingerprint, result_json)
-           VALUES ('START', 'order', 'k1', %s, 'fp1', '{"id": "a"}')""", (A,))
+           VALUES ('START', 'order', 'k1', %s, 'fp1', '{"id": "a"}')""",
+        (A,),
+    )
     conn.execute(
         """INSERT INTO workflow_timers (id, workflow_id, step_id, purpose, fire_at, status,
                task_id, delayed_job_execution_id, metadata)
@@ -52,7 +56,9 @@ def seed_pre_0002(conn) -> None:
     )
     conn.execute(
         """INSERT INTO workflow_tasks (id, workflow_id, step_id, name, status, assignee)
-           VALUES (%s, %s, 'review', 'Review', 'OPEN', 'ann')""", (TASK, A))
+           VALUES (%s, %s, 'review', 'Review', 'OPEN', 'ann')""",
+        (TASK, A),
+    )
     conn.execute(
         """INSERT INTO workflow_branch_tokens (id, workflow_id, fork_step_id, branch_id, status,
                retry_at, metadata)
@@ -61,18 +67,19 @@ def seed_pre_0002(conn) -> None:
                   (%s, %s, 'fork', 'b3', 'RUNNING', NULL, '{}')""",
         (BR_RETRY, B, BR_RETRY_NO_TIME, B, BR_RUNNING, B),
     )
-    conn.execute(
-        "CREATE TABLE job_executions (id serial PRIMARY KEY, handler text, state text)")
+    conn.execute("CREATE TABLE job_executions (id serial PRIMARY KEY, handler text, state text)")
     conn.execute(
         """INSERT INTO job_executions (handler, state) VALUES
              (%s, 'ENQUEUED'), (%s, 'PROCESSING'), (%s, 'FAILED'), (%s, 'ABANDONED'),
-             (%s, 'SUCCEEDED'), (%s, 'CANCELLED'), (%s, 'DEAD_LETTER'), ('other/handler', 'ENQUEUED')""",
+             (%s, 'SUCCEEDED'), (%s, 'CANCELLED'), (%s, 'DEAD_LETTER'),
+             ('other/handler', 'ENQUEUED')""",
         (HANDLER,) * 7,
     )
 
 
-PLACEMENTS = pytest.mark.parametrize("schema", [None, "workflow_data"],
-                                     ids=["unqualified", "named-schema"])
+PLACEMENTS = pytest.mark.parametrize(
+    "schema", [None, "workflow_data"], ids=["unqualified", "named-schema"]
+)
 
 
 @PLACEMENTS
@@ -95,13 +102,15 @@ def test_rows_survive_and_running_work_is_converted(scratch_database, schema):
     with connect(db) as conn:
         assert conn.execute(
             "SELECT kind, scope_key, dedup_namespace, key, fingerprint, result_json "
-            "FROM workflow_dedup").fetchall() == [
-            ("START", "default", "order", "k1", "fp1", {"id": "a"})]
+            "FROM workflow_dedup"
+        ).fetchall() == [("START", "default", "order", "k1", "fp1", {"id": "a"})]
         assert conn.execute(
             "SELECT id, scope_key, definition_scope_key, state_json, version, business_key "
-            "FROM workflow_instances ORDER BY id").fetchall() == [
+            "FROM workflow_instances ORDER BY id"
+        ).fetchall() == [
             (A, "default", "default", {"n": 1}, 3, "BK-1"),
-            (B, "default", "default", {"n": 2}, 7, None)]
+            (B, "default", "default", {"n": 2}, 7, None),
+        ]
         assert conn.execute("SELECT scope_key FROM workflow_tasks").fetchall() == [("default",)]
 
     run_manage("migrate", "vertique_workflow", "0003", "-v", "0", dbname=db)
@@ -109,23 +118,30 @@ def test_rows_survive_and_running_work_is_converted(scratch_database, schema):
         commands = conn.execute(
             """SELECT workflow_id, seq, kind, state, timer_kind, timer_id, task_id, target_json,
                       fire_at IS NOT DISTINCT FROM available_at, context_json, actor_kind
-               FROM workflow_commands ORDER BY workflow_id, seq""").fetchall()
-        timers = dict(conn.execute(
-            """SELECT t.id, c.seq FROM workflow_timers t
-               LEFT JOIN workflow_commands c ON c.id = t.command_id""").fetchall())
+               FROM workflow_commands ORDER BY workflow_id, seq"""
+        ).fetchall()
+        timers = dict(
+            conn.execute(
+                """SELECT t.id, c.seq FROM workflow_timers t
+               LEFT JOIN workflow_commands c ON c.id = t.command_id"""
+            ).fetchall()
+        )
         metadata = conn.execute(
-            "SELECT metadata FROM workflow_timers WHERE id = %s", (T_TIMEOUT,)).fetchone()[0]
+            "SELECT metadata FROM workflow_timers WHERE id = %s", (T_TIMEOUT,)
+        ).fetchone()[0]
         queues = conn.execute(
             "SELECT workflow_id, next_seq, open_signals FROM workflow_command_queues "
-            "ORDER BY workflow_id").fetchall()
+            "ORDER BY workflow_id"
+        ).fetchall()
         branches = dict(conn.execute("SELECT branch_id, status FROM workflow_branch_tokens"))
         baselines = conn.execute(
-            "SELECT DISTINCT baseline_logged FROM workflow_instances").fetchall()
-        jobs = conn.execute(
-            "SELECT handler, state FROM job_executions ORDER BY id").fetchall()
+            "SELECT DISTINCT baseline_logged FROM workflow_instances"
+        ).fetchall()
+        jobs = conn.execute("SELECT handler, state FROM job_executions ORDER BY id").fetchall()
         history = conn.execute(
             "SELECT sequence, event_type, payload_json, entry_version, patch_json "
-            "FROM workflow_history ORDER BY sequence").fetchall()
+            "FROM workflow_history ORDER BY sequence"
+        ).fetchall()
 
     a_commands = [c for c in commands if c[0] == A]
     # timers of one instance get ascending sequences by fire time
@@ -146,8 +162,12 @@ def test_rows_survive_and_running_work_is_converted(scratch_database, schema):
 
     assert queues == [(A, 5, 0), (B, 3, 0)]
     assert baselines == [(False,)]
-    assert jobs == [(HANDLER, "SUCCEEDED"), (HANDLER, "CANCELLED"), (HANDLER, "DEAD_LETTER"),
-                    ("other/handler", "ENQUEUED")]
+    assert jobs == [
+        (HANDLER, "SUCCEEDED"),
+        (HANDLER, "CANCELLED"),
+        (HANDLER, "DEAD_LETTER"),
+        ("other/handler", "ENQUEUED"),
+    ]
     assert history == [(1, "STARTED", {"x": 1}, 1, None), (2, "WAITING", None, 1, None)]
 
     # the conversion refuses to be undone while commands exist
@@ -161,8 +181,10 @@ def test_conversion_without_job_table_succeeds(scratch_database):
     with connect(scratch_database) as conn:
         conn.execute(
             """INSERT INTO workflow_instances (id, definition_id, definition_version, plan_hash,
-                   status, current_step_id, state_json) VALUES (%s, 'd', 1, 'h', 'WAITING', 's', '{}')""",
-            (A,))
+                   status, current_step_id, state_json)
+               VALUES (%s, 'd', 1, 'h', 'WAITING', 's', '{}')""",
+            (A,),
+        )
     run_manage("migrate", "vertique_workflow", "-v", "0", dbname=scratch_database)
     with connect(scratch_database) as conn:
         assert conn.execute("SELECT count(*) FROM workflow_commands").fetchone() == (0,)

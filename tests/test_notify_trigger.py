@@ -54,8 +54,9 @@ def epoch_ms(command: WorkflowCommand) -> str:
 def test_insert_notifies_at_commit_with_epoch_milliseconds(listener):
     instance = make_instance()
     with transaction.atomic():
-        command = WorkflowCommand.objects.create(workflow=instance, seq=1, kind="START",
-                                                 state="PENDING")
+        command = WorkflowCommand.objects.create(
+            workflow=instance, seq=1, kind="START", state="PENDING"
+        )
         # nothing is delivered before the commit
         assert received_until_sentinel(listener) == []
     assert received_until_sentinel(listener) == [epoch_ms(command)]
@@ -71,11 +72,16 @@ def test_rollback_delivers_nothing(listener):
 
 def test_only_pending_and_deferred_notify(listener):
     instance = make_instance()
-    command = WorkflowCommand.objects.create(workflow=instance, seq=1, kind="START",
-                                             state="CLAIMED")
+    command = WorkflowCommand.objects.create(
+        workflow=instance, seq=1, kind="START", state="CLAIMED"
+    )
     assert received_until_sentinel(listener) == []
-    for state, notifies in [("COMPLETE", False), ("DEFERRED", True), ("PARKED", False),
-                            ("PENDING", True)]:
+    for state, notifies in [
+        ("COMPLETE", False),
+        ("DEFERRED", True),
+        ("PARKED", False),
+        ("PENDING", True),
+    ]:
         WorkflowCommand.objects.filter(pk=command.pk).update(state=state)
         expected = [epoch_ms(command)] if notifies else []
         assert received_until_sentinel(listener) == expected, state
@@ -83,13 +89,16 @@ def test_only_pending_and_deferred_notify(listener):
 
 def test_available_at_change_notifies_and_other_columns_do_not(listener):
     instance = make_instance()
-    command = WorkflowCommand.objects.create(workflow=instance, seq=1, kind="START",
-                                             state="PENDING")
+    command = WorkflowCommand.objects.create(
+        workflow=instance, seq=1, kind="START", state="PENDING"
+    )
     received_until_sentinel(listener)
     WorkflowCommand.objects.filter(pk=command.pk).update(last_error="X: y", attempts=2)
     assert received_until_sentinel(listener) == []
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {tables.qualified(tables.COMMANDS)} "
-            "SET available_at = available_at + interval '1 minute' WHERE id = %s", [command.pk])
+            "SET available_at = available_at + interval '1 minute' WHERE id = %s",
+            [command.pk],
+        )
     assert received_until_sentinel(listener) == [epoch_ms(command)]

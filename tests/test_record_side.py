@@ -15,8 +15,13 @@ pytestmark = pytest.mark.django_db
 
 
 def test_start_records_a_pending_instance_its_queue_and_start_command():
-    ref = wf.start("order", {"amount": 5}, idempotency_key="k1", business_key="B1",
-                   actor=wf.Actor.user("ann", reason="checkout"))
+    ref = wf.start(
+        "order",
+        {"amount": 5},
+        idempotency_key="k1",
+        business_key="B1",
+        actor=wf.Actor.user("ann", reason="checkout"),
+    )
     assert ref.created and ref.definition_version == 1
     instance = wf.get(ref.id)
     assert (instance.status, instance.state, instance.current_step) == ("PENDING", None, None)
@@ -24,8 +29,12 @@ def test_start_records_a_pending_instance_its_queue_and_start_command():
     assert (command.seq, command.kind, command.state) == (1, "START", "PENDING")
     assert command.payload_json == {"amount": 5}
     assert command.dedup_key == "k1"
-    assert (command.actor_kind, command.actor_id, command.actor_reason,
-            command.attribution_status) == ("USER", "ann", "checkout", "ASSERTED")
+    assert (
+        command.actor_kind,
+        command.actor_id,
+        command.actor_reason,
+        command.attribution_status,
+    ) == ("USER", "ann", "checkout", "ASSERTED")
     assert WorkflowCommandQueue.objects.get(workflow_id=ref.id).next_seq == 2
     assert WorkflowDedup.objects.filter(kind="START", dedup_namespace="order", key="k1").exists()
 
@@ -53,8 +62,9 @@ def test_duplicate_business_key_in_scope_is_a_conflict():
         wf.start("order", {"amount": 5}, idempotency_key="k2", business_key="B1")
     assert table_counts() == before
     # another scope may reuse it
-    other = wf.start("order", {"amount": 5}, idempotency_key="k3", business_key="B1",
-                     scope="tenant-b")
+    other = wf.start(
+        "order", {"amount": 5}, idempotency_key="k3", business_key="B1", scope="tenant-b"
+    )
     assert other.created
 
 

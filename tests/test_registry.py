@@ -139,8 +139,13 @@ def pinned_instance(
     definition_id: str, version: int, status: str, scope: str = "default", **fields: Any
 ) -> WorkflowInstance:
     return WorkflowInstance.objects.create(
-        id=uuid.uuid4(), definition_id=definition_id, definition_version=version,
-        plan_hash="h", status=status, definition_scope_key=scope, **fields,
+        id=uuid.uuid4(),
+        definition_id=definition_id,
+        definition_version=version,
+        plan_hash="h",
+        status=status,
+        definition_scope_key=scope,
+        **fields,
     )
 
 
@@ -177,7 +182,9 @@ def test_insert_writes_code_row_and_default_activation():
     stored = row(plan.id, 1)
     assert (stored.kind, stored.status, stored.scope_key) == ("CODE", "AVAILABLE", "default")
     assert (stored.contract_name, stored.state_type_name, stored.plan_hash) == (
-        "thing.v1", "dict", plan.plan_hash,
+        "thing.v1",
+        "dict",
+        plan.plan_hash,
     )
     assert stored.name_binding == {}
     assert stored.signal_names_json == {"go": {"type": "object"}, "stop": None}
@@ -212,12 +219,21 @@ def test_unchanged_fills_signal_schemas_recorded_by_an_older_release():
 def test_changed_hash_is_rehashed_in_place():
     plan = FakePlan(new_id(), 1)
     store.upsert_code(plan)
-    changed = FakePlan(plan.id, 1, contract="thing.v2", state_type_name="app.State",
-                       structure="b", signals={}, start_schema=None)
+    changed = FakePlan(
+        plan.id,
+        1,
+        contract="thing.v2",
+        state_type_name="app.State",
+        structure="b",
+        signals={},
+        start_schema=None,
+    )
     assert store.upsert_code(changed) == "REHASHED"
     stored = row(plan.id, 1)
     assert (stored.plan_hash, stored.contract_name, stored.state_type_name) == (
-        changed.plan_hash, "thing.v2", "app.State",
+        changed.plan_hash,
+        "thing.v2",
+        "app.State",
     )
     assert stored.signal_names_json == {}
     assert stored.start_schema_json is None
@@ -418,31 +434,46 @@ def selection(*rows: DefinitionRow, activations: tuple[Activation, ...] = ()) ->
 
 def test_select_version_prefers_the_start_scope_activation():
     result = selection(
-        sel_row("default", 1), sel_row("default", 2), sel_row("tenant", 1),
-        activations=(Activation("default", "f", "default", 2),
-                     Activation("tenant", "f", "tenant", 1)),
+        sel_row("default", 1),
+        sel_row("default", 2),
+        sel_row("tenant", 1),
+        activations=(
+            Activation("default", "f", "default", 2),
+            Activation("tenant", "f", "tenant", 1),
+        ),
     )
     assert select_version(result, "tenant").key == ("tenant", "f", 1)
 
 
 def test_select_version_falls_back_to_the_default_activation_then_the_highest():
     with_default = selection(
-        sel_row("default", 1), sel_row("default", 2), sel_row("tenant", 3),
+        sel_row("default", 1),
+        sel_row("default", 2),
+        sel_row("tenant", 3),
         activations=(Activation("default", "f", "default", 1),),
     )
     assert select_version(with_default, "tenant").key == ("default", "f", 1)
-    no_records = selection(sel_row("default", 5), sel_row("tenant", 2), sel_row("tenant", 3),
-                           sel_row("tenant", 4, "DEPRECATED"))
+    no_records = selection(
+        sel_row("default", 5),
+        sel_row("tenant", 2),
+        sel_row("tenant", 3),
+        sel_row("tenant", 4, "DEPRECATED"),
+    )
     assert select_version(no_records, "tenant").key == ("tenant", "f", 3)
-    default_only = selection(sel_row("default", 1), sel_row("default", 2),
-                             sel_row("default", 3, "RETIRED"))
+    default_only = selection(
+        sel_row("default", 1), sel_row("default", 2), sel_row("default", 3, "RETIRED")
+    )
     assert select_version(default_only, "tenant").key == ("default", "f", 2)
 
 
 def test_select_version_with_a_requested_version():
-    result = selection(sel_row("default", 1), sel_row("default", 2), sel_row("tenant", 1),
-                       sel_row("tenant", 3, "DEPRECATED"),
-                       activations=(Activation("default", "f", "default", 2),))
+    result = selection(
+        sel_row("default", 1),
+        sel_row("default", 2),
+        sel_row("tenant", 1),
+        sel_row("tenant", 3, "DEPRECATED"),
+        activations=(Activation("default", "f", "default", 2),),
+    )
     assert select_version(result, "tenant", 1).key == ("tenant", "f", 1)
     assert select_version(result, "tenant", 2).key == ("default", "f", 2)
     with pytest.raises(WorkflowConflict, match="version not available"):
@@ -458,8 +489,9 @@ def test_select_version_not_found_and_nothing_available():
         select_version(selection(), "tenant", 1)
     with pytest.raises(WorkflowConflict, match="no AVAILABLE version"):
         select_version(selection(sel_row("default", 1, "DEPRECATED")), "tenant")
-    deprecated_target = selection(sel_row("tenant", 1, "DEPRECATED"),
-                                  activations=(Activation("tenant", "f", "tenant", 1),))
+    deprecated_target = selection(
+        sel_row("tenant", 1, "DEPRECATED"), activations=(Activation("tenant", "f", "tenant", 1),)
+    )
     with pytest.raises(WorkflowConflict, match="version not available"):
         select_version(deprecated_target, "tenant")
 
@@ -474,29 +506,37 @@ def test_selection_read_returns_both_scopes_and_their_activations(django_assert_
     document_row(definition_id, 1, scope="elsewhere")
     store.put_activation("tenant", definition_id, "tenant", 1)
     store.put_activation("elsewhere", definition_id, "elsewhere", 1)
-    WorkflowDefinition.objects.filter(definition_id=definition_id, scope_key="tenant",
-                                      definition_version=1).update(failure_reason="MADE_UP")
+    WorkflowDefinition.objects.filter(
+        definition_id=definition_id, scope_key="tenant", definition_version=1
+    ).update(failure_reason="MADE_UP")
     with django_assert_num_queries(1):
         result = store.selection_read("tenant", definition_id)
     assert [r.key for r in result.rows] == [
-        ("default", definition_id, 1), ("default", definition_id, 2),
-        ("tenant", definition_id, 1), ("tenant", definition_id, 3),
+        ("default", definition_id, 1),
+        ("default", definition_id, 2),
+        ("tenant", definition_id, 1),
+        ("tenant", definition_id, 3),
     ]
     assert [(a.scope_key, a.target_scope_key, a.version) for a in result.activations] == [
-        ("default", "default", 2), ("tenant", "tenant", 1),
+        ("default", "default", 2),
+        ("tenant", "tenant", 1),
     ]
     tenant_v1, tenant_v3 = result.row("tenant", 1), result.row("tenant", 3)
     assert tenant_v1 is not None and tenant_v3 is not None
     assert tenant_v1.signal_names == {"go": None}
     assert tenant_v1.failure_reason is None  # an unknown reason reads as no failure
     assert (tenant_v3.status, tenant_v3.signal_names, tenant_v3.start_schema) == (
-        "DEPRECATED", None, None,
+        "DEPRECATED",
+        None,
+        None,
     )
     default_v2 = result.row("default", 2)
     assert default_v2 is not None and default_v2.start_schema == {"type": "object"}
     assert select_version(result, "tenant").key == ("tenant", definition_id, 1)
     assert select_version(store.selection_read("other", definition_id), "other").key == (
-        "default", definition_id, 2,
+        "default",
+        definition_id,
+        2,
     )
     assert store.selection_read("tenant", "no-such-id").rows == ()
 
@@ -585,7 +625,8 @@ def test_declared_signal_names():
     plan = FakePlan(new_id(), 1, signals={"go": None, "paid": {"type": "object"}})
     store.upsert_code(plan)
     assert store.declared_signal_names("default", plan.id, 1) == {
-        "go": None, "paid": {"type": "object"},
+        "go": None,
+        "paid": {"type": "object"},
     }
     assert store.declared_signal_names("default", plan.id, 2) is None
     document_row(plan.id, 1, signals=None)
@@ -703,7 +744,8 @@ def test_activations():
     assert activation(definition_id, "tenant") == ("default", 1)
     listed = store.list_activations(definition_id=definition_id)
     assert [(a.scope_key, a.target_scope_key, a.version) for a in listed] == [
-        ("default", "default", 1), ("tenant", "default", 1),
+        ("default", "default", 1),
+        ("tenant", "default", 1),
     ]
     assert store.remove_activation("tenant", definition_id) is True
     assert store.remove_activation("tenant", definition_id) is False
@@ -730,13 +772,18 @@ def test_list_definitions_filters_and_never_reads_documents(django_assert_num_qu
         listed = store.list_definitions(definition_id=definition_id)
     assert "document_text" not in captured.captured_queries[0]["sql"]
     assert [(r.scope_key, r.version, r.kind) for r in listed] == [
-        ("default", 1, "CODE"), ("default", 2, "CODE"), ("tenant", 1, "DOCUMENT"),
+        ("default", 1, "CODE"),
+        ("default", 2, "CODE"),
+        ("tenant", 1, "DOCUMENT"),
     ]
-    assert [r.version for r in store.list_definitions(scope="tenant",
-                                                      definition_id=definition_id)] == [1]
+    assert [
+        r.version for r in store.list_definitions(scope="tenant", definition_id=definition_id)
+    ] == [1]
     store.transition("default", definition_id, 1, "AVAILABLE", "DEPRECATED")
-    assert [(r.scope_key, r.version) for r in store.list_definitions(
-        definition_id=definition_id, statuses=["DEPRECATED"])] == [("default", 1)]
+    assert [
+        (r.scope_key, r.version)
+        for r in store.list_definitions(definition_id=definition_id, statuses=["DEPRECATED"])
+    ] == [("default", 1)]
     assert store.list_definitions(definition_id=definition_id, statuses=[]) == []
 
 
@@ -806,8 +853,15 @@ def test_command_sync_and_list():
     assert plan is not None
     lines = run("list", "--id", "order").splitlines()
     assert lines[0].split() == ["SCOPE", "ID", "VERSION", "STATUS", "KIND", "HASH", "CONTRACT"]
-    assert lines[1].split() == ["default", "order", "1", "AVAILABLE", "CODE",
-                                plan.plan_hash[:12], plan.contract]
+    assert lines[1].split() == [
+        "default",
+        "order",
+        "1",
+        "AVAILABLE",
+        "CODE",
+        plan.plan_hash[:12],
+        plan.contract,
+    ]
     assert len(run("list", "--status", "RETIRED", "--id", "order").splitlines()) == 1
 
 
@@ -822,8 +876,9 @@ def test_command_lifecycle_and_errors():
     assert "order v1 reinstated" in run("reinstate", "order", "1")
     assert "now starts default/order v1" in run("activate", "order", "1")
     assert activation("order") == ("default", 1)
-    assert "now starts default/order v1" in run("activate", "order", "1", "--scope", "tenant",
-                                                 "--target-scope", "default")
+    assert "now starts default/order v1" in run(
+        "activate", "order", "1", "--scope", "tenant", "--target-scope", "default"
+    )
     assert activation("order", "tenant") == ("default", 1)
     with pytest.raises(CommandError, match="AVAILABLE; only CANDIDATE or DEPRECATED"):
         run("retire", "order", "1")

@@ -33,23 +33,37 @@ def test_fresh_migration_gives_exactly_the_expected_schema(scratch_database, sch
 
 
 def test_makemigrations_reports_no_changes(scratch_database):
-    result = run_manage("makemigrations", "--check", "--dry-run", "vertique_workflow",
-                        dbname=scratch_database, check=False)
+    result = run_manage(
+        "makemigrations",
+        "--check",
+        "--dry-run",
+        "vertique_workflow",
+        dbname=scratch_database,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "No changes detected" in result.stdout
 
 
 def test_named_schema_makemigrations_reports_no_changes(scratch_database):
-    result = run_manage("makemigrations", "--check", "--dry-run", "vertique_workflow",
-                        dbname=scratch_database, schema="workflow_data", check=False)
+    result = run_manage(
+        "makemigrations",
+        "--check",
+        "--dry-run",
+        "vertique_workflow",
+        dbname=scratch_database,
+        schema="workflow_data",
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("schema", [None, "workflow_data"], ids=["unqualified", "named-schema"])
 def test_empty_database_migrates_down_to_zero_and_up_again(scratch_database, schema):
     run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
-    run_manage("migrate", "vertique_workflow", "zero", "-v", "0", dbname=scratch_database,
-               schema=schema)
+    run_manage(
+        "migrate", "vertique_workflow", "zero", "-v", "0", dbname=scratch_database, schema=schema
+    )
     with connect(scratch_database) as conn:
         assert workflow_objects_in(conn, schema or "public") == []
     run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)

@@ -18,8 +18,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 
 def events(instance_id) -> list[str]:
-    return list(WorkflowHistory.objects.filter(workflow_id=instance_id)
-                .order_by("sequence").values_list("event_type", flat=True))
+    return list(
+        WorkflowHistory.objects.filter(workflow_id=instance_id)
+        .order_by("sequence")
+        .values_list("event_type", flat=True)
+    )
 
 
 def test_start_wait_signal_completes_with_the_complete_history():
@@ -38,23 +41,37 @@ def test_start_wait_signal_completes_with_the_complete_history():
     assert done.completed_at is not None
 
     assert events(ref.id) == [
-        "WORKFLOW_STARTED", "STATE_BASELINE", "DECISION", "DECISION", "DECISION",
-        "SIGNAL_APPLIED", "DECISION", "DECISION", "DECISION", "WORKFLOW_COMPLETED",
+        "WORKFLOW_STARTED",
+        "STATE_BASELINE",
+        "DECISION",
+        "DECISION",
+        "DECISION",
+        "SIGNAL_APPLIED",
+        "DECISION",
+        "DECISION",
+        "DECISION",
+        "WORKFLOW_COMPLETED",
     ]
     rows = list(WorkflowHistory.objects.filter(workflow_id=ref.id).order_by("sequence"))
     assert [r.sequence for r in rows] == list(range(1, 11))
     decisions = [r for r in rows if r.event_type == "DECISION"]
     assert [(r.step_id, r.outcome) for r in decisions] == [
-        ("reserve", "ACTION_COMPLETED"), ("route", "DECISION_TAKEN"),
-        ("await_payment", "WAITING"), ("await_payment", "SIGNAL_APPLIED"),
-        ("ship", "ACTION_COMPLETED"), ("done", "COMPLETED")]
+        ("reserve", "ACTION_COMPLETED"),
+        ("route", "DECISION_TAKEN"),
+        ("await_payment", "WAITING"),
+        ("await_payment", "SIGNAL_APPLIED"),
+        ("ship", "ACTION_COMPLETED"),
+        ("done", "COMPLETED"),
+    ]
     assert decisions[0].patch_json == [{"op": "add", "path": "/reserved", "value": True}]
     assert decisions[1].patch_json == []
     assert all(r.entry_version == 2 for r in decisions)
     assert rows[1].payload_json == {"state": {"amount": 5}}
     commands = list(WorkflowCommand.objects.filter(workflow_id=ref.id).order_by("seq"))
     assert [(c.kind, c.state, c.attempts) for c in commands] == [
-        ("START", "COMPLETE", 1), ("SIGNAL", "COMPLETE", 1)]
+        ("START", "COMPLETE", 1),
+        ("SIGNAL", "COMPLETE", 1),
+    ]
     # attribution: entries carry the command, executor, pin and actor of their command
     start_entries = [r for r in rows if r.command_id == commands[0].id]
     signal_entries = [r for r in rows if r.command_id == commands[1].id]
@@ -63,7 +80,8 @@ def test_start_wait_signal_completes_with_the_complete_history():
     assert {(r.actor_kind, r.actor_id) for r in signal_entries} == {("USER", "bob")}
     assert all(r.executor_id and r.executor_id == commands[0].claimed_by for r in start_entries)
     assert {(r.definition_id, r.definition_version, r.plan_hash) for r in rows} == {
-        ("order", 1, commands[0].workflow.plan_hash)}
+        ("order", 1, commands[0].workflow.plan_hash)
+    }
     assert WorkflowCommandQueue.objects.get(workflow_id=ref.id).open_signals == 0
     assert probe.is_idle()
 
@@ -77,13 +95,19 @@ def test_decision_log_replay_equals_the_live_state_after_every_entry():
     run_until_idle()
     last = WorkflowHistory.objects.filter(workflow_id=ref.id).order_by("-sequence")[0]
     assert wf.state_at(ref.id, last.sequence) == wf.get(ref.id).state
-    reserve = WorkflowHistory.objects.get(workflow_id=ref.id, step_id="reserve",
-                                          event_type="DECISION")
+    reserve = WorkflowHistory.objects.get(
+        workflow_id=ref.id, step_id="reserve", event_type="DECISION"
+    )
     assert wf.state_at(ref.id, reserve.sequence) == {"amount": 5, "reserved": True}
 
 
-@override_settings(VERTIQUE_WORKFLOW={"REDACTED_FIELDS": ["amount_paid"],
-                                      "BACKOFF_BASE_MS": 10, "BACKOFF_MAX_MS": 50})
+@override_settings(
+    VERTIQUE_WORKFLOW={
+        "REDACTED_FIELDS": ["amount_paid"],
+        "BACKOFF_BASE_MS": 10,
+        "BACKOFF_MAX_MS": 50,
+    }
+)
 def test_redacted_fields_never_reach_history():
     ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
     run_until_idle()
@@ -91,9 +115,12 @@ def test_redacted_fields_never_reach_history():
     run_until_idle()
     assert wf.get(ref.id).state["amount_paid"] == 123456
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT count(*) FROM {tables.qualified(tables.HISTORY)} "
-                       "WHERE workflow_id = %s AND (payload_json::text LIKE '%%123456%%' "
-                       "OR patch_json::text LIKE '%%123456%%')", [ref.id])
+        cursor.execute(
+            f"SELECT count(*) FROM {tables.qualified(tables.HISTORY)} "
+            "WHERE workflow_id = %s AND (payload_json::text LIKE '%%123456%%' "
+            "OR patch_json::text LIKE '%%123456%%')",
+            [ref.id],
+        )
         assert cursor.fetchone()[0] == 0
     last = WorkflowHistory.objects.filter(workflow_id=ref.id).order_by("-sequence")[0]
     assert "amount_paid" not in wf.state_at(ref.id, last.sequence)
@@ -103,8 +130,7 @@ def test_orm_writes_of_an_action_commit_with_the_transition():
     ref = wf.start("shipment", {"ref": "A-1"}, idempotency_key="k1")
     run_until_idle()
     assert wf.get(ref.id).status == "WAITING"
-    assert list(Shipment.objects.values_list("order_ref", "created_by_step")) == [
-        ("A-1", "create")]
+    assert list(Shipment.objects.values_list("order_ref", "created_by_step")) == [("A-1", "create")]
 
 
 def test_a_failing_segment_rolls_back_its_orm_writes_and_retries_with_backoff():
@@ -171,7 +197,10 @@ def test_fail_step_ends_the_instance_failed():
     run_until_idle()
     instance = wf.get(ref.id)
     assert (instance.status, instance.error_type, instance.current_step) == (
-        "FAILED", "REJECTED", "rejected")
+        "FAILED",
+        "REJECTED",
+        "rejected",
+    )
 
 
 def test_dataclass_state_round_trips():
@@ -228,14 +257,14 @@ def test_cancel_settles_every_open_command():
     assert wf.cancel(ref.id, reason="customer asked", actor=wf.Actor.user("ann"))
     instance = wf.get(ref.id)
     assert instance.status == "CANCELLED"
-    states = dict(WorkflowCommand.objects.filter(workflow_id=ref.id)
-                  .values_list("dedup_key", "state"))
+    states = dict(
+        WorkflowCommand.objects.filter(workflow_id=ref.id).values_list("dedup_key", "state")
+    )
     assert states == {"k1": "COMPLETE", "s2": "CANCELLED", "x": "CANCELLED"}
     cancelled = WorkflowCommand.objects.filter(workflow_id=ref.id, state="CANCELLED")
     assert all(c.last_error.startswith("INSTANCE_CANCELLED: ") for c in cancelled)
     assert WorkflowCommandQueue.objects.get(workflow_id=ref.id).open_signals == 0
-    assert events(ref.id)[-3:] == ["COMMAND_CANCELLED", "COMMAND_CANCELLED",
-                                   "WORKFLOW_CANCELLED"]
+    assert events(ref.id)[-3:] == ["COMMAND_CANCELLED", "COMMAND_CANCELLED", "WORKFLOW_CANCELLED"]
     assert not wf.cancel(ref.id, reason="again")
     assert probe.is_idle()
 
@@ -279,15 +308,21 @@ def test_statement_deadline_is_a_transient_retry_that_restores_the_attempt():
     ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
     head = commands.peek(1)[0]
     with transaction.atomic():
-        claim = commands.claim(head.id, head.workflow_id, node_id="n", lease_seconds=30,
-                               max_attempts=5)
+        claim = commands.claim(
+            head.id, head.workflow_id, node_id="n", lease_seconds=30, max_attempts=5
+        )
     plan = resident_plan("order", 1, head.plan_hash)
     quick = {"SEGMENT_DEADLINE_MS": 1, "BACKOFF_BASE_MS": 10, "BACKOFF_MAX_MS": 50}
     # another session holds the execution lock: the segment's wait hits its deadline
-    with override_settings(VERTIQUE_WORKFLOW=quick), \
-            connect(connection.settings_dict["NAME"]) as other:
-        other.execute(f"SELECT pg_advisory_xact_lock({commands.EXECUTION_LOCK_NAMESPACE}, "
-                      "hashtext(%s::text))", [str(ref.id)])
+    with (
+        override_settings(VERTIQUE_WORKFLOW=quick),
+        connect(connection.settings_dict["NAME"]) as other,
+    ):
+        other.execute(
+            f"SELECT pg_advisory_xact_lock({commands.EXECUTION_LOCK_NAMESPACE}, "
+            "hashtext(%s::text))",
+            [str(ref.id)],
+        )
         outcome = run_claimed(head, claim.token, claim.attempts, plan, "n")
     assert outcome.result == "RETRIED"
     command = WorkflowCommand.objects.get(workflow_id=ref.id)

@@ -47,8 +47,12 @@ def test_valid_schema_qualifies_every_table():
 
 
 def test_injection_attempt_stops_django_at_startup_before_any_query(scratch_database):
-    result = run_manage("migrate", dbname=scratch_database, check=False,
-                        extra_env={"VERTIQUE_TEST_SCHEMA": 'x"; DROP TABLE y; --'})
+    result = run_manage(
+        "migrate",
+        dbname=scratch_database,
+        check=False,
+        extra_env={"VERTIQUE_TEST_SCHEMA": 'x"; DROP TABLE y; --'},
+    )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert "VERTIQUE_WORKFLOW['SCHEMA'] must be one plain PostgreSQL identifier" in result.stderr
@@ -71,8 +75,12 @@ def test_settings_must_be_a_dict():
 
 
 def test_unknown_key_stops_manage_commands(scratch_database):
-    result = run_manage("check", dbname=scratch_database, check=False,
-                        extra_env={"VERTIQUE_TEST_SETTINGS_JSON": json.dumps({"MAX_ATTEMPT": 3})})
+    result = run_manage(
+        "check",
+        dbname=scratch_database,
+        check=False,
+        extra_env={"VERTIQUE_TEST_SETTINGS_JSON": json.dumps({"MAX_ATTEMPT": 3})},
+    )
     assert result.returncode != 0
     assert "vertique_workflow.E002" in result.stderr
     assert "unknown key 'MAX_ATTEMPT'" in result.stderr

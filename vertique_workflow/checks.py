@@ -28,8 +28,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         close = difflib.get_close_matches(str(key).upper(), list(DEFAULTS), n=1, cutoff=0.75)
         hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
         errors.append(
-            checks.Error(f"{SETTING_NAME} has an unknown key {key!r}.", hint=hint,
-                         id="vertique_workflow.E002")
+            checks.Error(
+                f"{SETTING_NAME} has an unknown key {key!r}.",
+                hint=hint,
+                id="vertique_workflow.E002",
+            )
         )
     try:
         tables.configured_schema()

@@ -114,8 +114,9 @@ class Actor:
     on_behalf_of: str | None = None
 
     @classmethod
-    def user(cls, user_id: str, *, reason: str | None = None,
-             on_behalf_of: str | None = None) -> Actor:
+    def user(
+        cls, user_id: str, *, reason: str | None = None, on_behalf_of: str | None = None
+    ) -> Actor:
         return cls("USER", str(user_id), reason, on_behalf_of)
 
     @classmethod
@@ -123,8 +124,9 @@ class Actor:
         return cls("SYSTEM", name, reason)
 
     @classmethod
-    def service(cls, name: str, *, reason: str | None = None,
-                on_behalf_of: str | None = None) -> Actor:
+    def service(
+        cls, name: str, *, reason: str | None = None, on_behalf_of: str | None = None
+    ) -> Actor:
         return cls("SERVICE", name, reason, on_behalf_of)
 
     def stored(self) -> _StoredActor:

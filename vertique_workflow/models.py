@@ -151,7 +151,9 @@ class WorkflowInstance(models.Model):
         db_table = tables.qualified(tables.INSTANCES)
         verbose_name = "workflow instance"
         indexes = [
-            models.Index(fields=["definition_id", "definition_version"], name="wf_inst_definition_idx"),
+            models.Index(
+                fields=["definition_id", "definition_version"], name="wf_inst_definition_idx"
+            ),
             models.Index(fields=["status", "updated_at"], name="wf_inst_status_updated_idx"),
         ]
 
@@ -164,8 +166,12 @@ class WorkflowHistory(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     workflow = models.ForeignKey(
-        WorkflowInstance, on_delete=models.DO_NOTHING, db_constraint=False,
-        db_column="workflow_id", db_index=False, related_name="history",
+        WorkflowInstance,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_column="workflow_id",
+        db_index=False,
+        related_name="history",
     )
     sequence = models.BigIntegerField()
     event_type = models.CharField(max_length=64)
@@ -241,8 +247,12 @@ class WorkflowTimer(models.Model):
         verbose_name = "workflow timer"
         indexes = [models.Index(fields=["workflow_id", "status"], name="wf_timer_workflow_idx")]
         constraints = [
-            models.CheckConstraint(condition=_in("status", TimerStatus), name="workflow_timers_status_check"),
-            models.CheckConstraint(condition=_in("purpose", TimerPurpose), name="workflow_timers_purpose_check"),
+            models.CheckConstraint(
+                condition=_in("status", TimerStatus), name="workflow_timers_status_check"
+            ),
+            models.CheckConstraint(
+                condition=_in("purpose", TimerPurpose), name="workflow_timers_purpose_check"
+            ),
         ]
 
 
@@ -279,7 +289,9 @@ class WorkflowTask(models.Model):
             models.Index(fields=["assignee", "status"], name="wf_task_assignee_idx"),
         ]
         constraints = [
-            models.CheckConstraint(condition=_in("status", TaskStatus), name="workflow_tasks_status_check"),
+            models.CheckConstraint(
+                condition=_in("status", TaskStatus), name="workflow_tasks_status_check"
+            ),
         ]
 
 
@@ -302,7 +314,9 @@ class WorkflowBranchToken(models.Model):
     class Meta:
         db_table = tables.qualified(tables.BRANCH_TOKENS)
         verbose_name = "workflow branch token"
-        indexes = [models.Index(fields=["workflow_id", "fork_step_id"], name="wf_branch_workflow_idx")]
+        indexes = [
+            models.Index(fields=["workflow_id", "fork_step_id"], name="wf_branch_workflow_idx")
+        ]
 
 
 class WorkflowJoinState(models.Model):
@@ -352,7 +366,9 @@ class WorkflowDefinition(models.Model):
         db_table = tables.qualified(tables.DEFINITIONS)
         verbose_name = "workflow definition"
         constraints = [
-            models.CheckConstraint(condition=_in("kind", DefinitionKind), name="workflow_definitions_kind_check"),
+            models.CheckConstraint(
+                condition=_in("kind", DefinitionKind), name="workflow_definitions_kind_check"
+            ),
             models.CheckConstraint(
                 condition=_in("status", DefinitionStatus), name="workflow_definitions_status_check"
             ),
@@ -404,8 +420,12 @@ class WorkflowCommand(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     workflow = models.ForeignKey(
-        WorkflowInstance, on_delete=models.DO_NOTHING, db_constraint=False,
-        db_column="workflow_id", db_index=False, related_name="commands",
+        WorkflowInstance,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_column="workflow_id",
+        db_index=False,
+        related_name="commands",
     )
     seq = models.BigIntegerField()
     kind = models.CharField(max_length=16)
@@ -439,9 +459,15 @@ class WorkflowCommand(models.Model):
         db_table = tables.qualified(tables.COMMANDS)
         verbose_name = "workflow command"
         constraints = [
-            models.UniqueConstraint(fields=["workflow", "seq"], name="workflow_commands_wf_seq_uniq"),
-            models.CheckConstraint(condition=_in("state", CommandState), name="workflow_commands_state_check"),
-            models.CheckConstraint(condition=_in("kind", CommandKind), name="workflow_commands_kind_check"),
+            models.UniqueConstraint(
+                fields=["workflow", "seq"], name="workflow_commands_wf_seq_uniq"
+            ),
+            models.CheckConstraint(
+                condition=_in("state", CommandState), name="workflow_commands_state_check"
+            ),
+            models.CheckConstraint(
+                condition=_in("kind", CommandKind), name="workflow_commands_kind_check"
+            ),
             models.CheckConstraint(
                 condition=(Q(kind="TIMER") & _in("timer_kind", TimerKind))
                 | (~Q(kind="TIMER") & Q(timer_kind__isnull=True)),
@@ -450,15 +476,18 @@ class WorkflowCommand(models.Model):
         ]
         indexes = [
             models.Index(
-                fields=["workflow", "seq"], name="wf_cmd_active_seq_idx",
+                fields=["workflow", "seq"],
+                name="wf_cmd_active_seq_idx",
                 condition=Q(state__in=["PENDING", "DEFERRED", "CLAIMED"]),
             ),
             models.Index(
-                fields=["available_at"], name="wf_cmd_active_avail_idx",
+                fields=["available_at"],
+                name="wf_cmd_active_avail_idx",
                 condition=Q(state__in=["PENDING", "DEFERRED", "CLAIMED"]),
             ),
             models.Index(
-                fields=["workflow"], name="wf_cmd_parked_dead_idx",
+                fields=["workflow"],
+                name="wf_cmd_parked_dead_idx",
                 condition=Q(state__in=["PARKED", "DEAD"]),
             ),
         ]
@@ -469,8 +498,12 @@ class WorkflowCommandQueue(models.Model):
     """Per-instance next command sequence and open-signal counter."""
 
     workflow = models.OneToOneField(
-        WorkflowInstance, on_delete=models.DO_NOTHING, db_constraint=False,
-        db_column="workflow_id", primary_key=True, related_name="command_queue",
+        WorkflowInstance,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_column="workflow_id",
+        primary_key=True,
+        related_name="command_queue",
     )
     next_seq = models.BigIntegerField()
     open_signals = models.IntegerField(db_default=0)

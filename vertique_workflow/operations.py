@@ -74,8 +74,9 @@ def _fingerprint(**parts: Any) -> str:
 
 def _require_key(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value or len(value) > KEY_MAX:
-        raise WorkflowValidationError(f"{what} must be a non-empty string of at most {KEY_MAX} "
-                                      "characters")
+        raise WorkflowValidationError(
+            f"{what} must be a non-empty string of at most {KEY_MAX} characters"
+        )
     return value
 
 
@@ -99,10 +100,17 @@ def _atomic() -> Any:
     return transaction.atomic(using=db.alias())
 
 
-def start(definition_id: str, payload: dict[str, Any] | None = None, *, idempotency_key: str,
-          business_key: str | None = None, scope: str = DEFAULT_SCOPE,
-          version: int | None = None, actor: context.Actor | None = None,
-          subject: Any = None) -> InstanceRef:
+def start(
+    definition_id: str,
+    payload: dict[str, Any] | None = None,
+    *,
+    idempotency_key: str,
+    business_key: str | None = None,
+    scope: str = DEFAULT_SCOPE,
+    version: int | None = None,
+    actor: context.Actor | None = None,
+    subject: Any = None,
+) -> InstanceRef:
     """Record a new instance of ``definition_id`` and its START command.
 
     Joins the caller's transaction. The same ``idempotency_key`` with the same
@@ -135,16 +143,36 @@ def start(definition_id: str, payload: dict[str, Any] | None = None, *, idempote
                 pin.admit()
                 # the key first: a concurrent start with the same key then resolves
                 # as a replay, not as a business-key conflict
-                if not dedup.claim("START", scope, definition_id, idempotency_key, instance_id,
-                                   fingerprint, {"instanceId": str(instance_id)}):
+                if not dedup.claim(
+                    "START",
+                    scope,
+                    definition_id,
+                    idempotency_key,
+                    instance_id,
+                    fingerprint,
+                    {"instanceId": str(instance_id)},
+                ):
                     raise _LostKeyRace
                 instances.insert_pending(
-                    instance_id, definition_id=definition_id, definition_version=pin.version,
-                    plan_hash=pin.plan_hash, business_key=business_key, subject=subject,
-                    metadata={}, scope_key=scope, definition_scope_key=pin.scope)
-                commands.insert(instance_id, "START", payload=payload or {},
-                                dedup_key=idempotency_key, target=subject,
-                                context=context.capture(), actor=context.stored_actor(actor))
+                    instance_id,
+                    definition_id=definition_id,
+                    definition_version=pin.version,
+                    plan_hash=pin.plan_hash,
+                    business_key=business_key,
+                    subject=subject,
+                    metadata={},
+                    scope_key=scope,
+                    definition_scope_key=pin.scope,
+                )
+                commands.insert(
+                    instance_id,
+                    "START",
+                    payload=payload or {},
+                    dedup_key=idempotency_key,
+                    target=subject,
+                    context=context.capture(),
+                    actor=context.stored_actor(actor),
+                )
         except _LostKeyRace:
             earlier = dedup.find("START", scope, definition_id, idempotency_key)
             assert earlier is not None
@@ -153,7 +181,8 @@ def start(definition_id: str, payload: dict[str, Any] | None = None, *, idempote
             if db.sqlstate(exc) == "23505":
                 raise WorkflowConflict(
                     f"business key already used by another instance of {definition_id!r} "
-                    f"in scope {scope!r}") from None
+                    f"in scope {scope!r}"
+                ) from None
             raise db.translate(exc, "start") from None
     return InstanceRef(instance_id, definition_id, pin.version, created=True)
 
@@ -172,8 +201,14 @@ def _replayed_start(earlier: tuple[Any, str, Any], fingerprint: str) -> Instance
     return InstanceRef(row.id, row.definition_id, row.definition_version, created=False)
 
 
-def signal(instance_id: Any, name: str, payload: Any = None, *, dedup_key: str,
-           actor: context.Actor | None = None) -> SignalReceipt:
+def signal(
+    instance_id: Any,
+    name: str,
+    payload: Any = None,
+    *,
+    dedup_key: str,
+    actor: context.Actor | None = None,
+) -> SignalReceipt:
     """Record a signal for an instance (applied later by an executor).
 
     A committed duplicate (same key, same name and payload) returns the
@@ -201,18 +236,24 @@ def signal(instance_id: Any, name: str, payload: Any = None, *, dedup_key: str,
         try:
             with _atomic():
                 commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
-                if not commands.raise_open_signals(workflow_id,
-                                                   workflow_settings.OPEN_SIGNALS_CAP):
+                if not commands.raise_open_signals(workflow_id, workflow_settings.OPEN_SIGNALS_CAP):
                     raise WorkflowConflict(
                         f"the instance holds {workflow_settings.OPEN_SIGNALS_CAP} open signals "
-                        "(OPEN_SIGNALS_CAP); signal refused")
-                if not dedup.claim("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key, workflow_id,
-                                   fingerprint):
+                        "(OPEN_SIGNALS_CAP); signal refused"
+                    )
+                if not dedup.claim(
+                    "SIGNAL", DEFAULT_SCOPE, namespace, dedup_key, workflow_id, fingerprint
+                ):
                     raise _LostKeyRace
                 command_id, _ = commands.insert(
-                    workflow_id, "SIGNAL", payload=payload, dedup_key=dedup_key,
-                    target={"name": name}, context=context.capture(),
-                    actor=context.stored_actor(actor))
+                    workflow_id,
+                    "SIGNAL",
+                    payload=payload,
+                    dedup_key=dedup_key,
+                    target={"name": name},
+                    context=context.capture(),
+                    actor=context.stored_actor(actor),
+                )
         except _LostKeyRace:
             # another transaction committed the key first; our writes rolled back
             earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
@@ -223,8 +264,9 @@ def signal(instance_id: Any, name: str, payload: Any = None, *, dedup_key: str,
     return SignalReceipt(workflow_id, name, command_id, duplicate=False)
 
 
-def _replayed_signal(earlier: tuple[Any, str, Any], fingerprint: str, workflow_id: uuid.UUID,
-                     name: str) -> SignalReceipt:
+def _replayed_signal(
+    earlier: tuple[Any, str, Any], fingerprint: str, workflow_id: uuid.UUID, name: str
+) -> SignalReceipt:
     stored_workflow, stored, _ = earlier
     if stored != fingerprint or stored_workflow != workflow_id:
         raise WorkflowConflict("dedup key already used for a different signal")
@@ -252,15 +294,25 @@ def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None)
             instances.mark_cancelled(workflow_id, message)
             cancelled = commands.cancel_all(workflow_id)
             entries = [
-                HistoryEntry("COMMAND_CANCELLED", {
-                    "commandId": c["id"], "seq": c["seq"], "kind": c["kind"],
-                    **({"signal": str((c["target"] or {}).get("name", ""))[:255]}
-                       if c["kind"] == "SIGNAL" else {}),
-                }, extra={"command_id": c["id"]})
+                HistoryEntry(
+                    "COMMAND_CANCELLED",
+                    {
+                        "commandId": c["id"],
+                        "seq": c["seq"],
+                        "kind": c["kind"],
+                        **(
+                            {"signal": str((c["target"] or {}).get("name", ""))[:255]}
+                            if c["kind"] == "SIGNAL"
+                            else {}
+                        ),
+                    },
+                    extra={"command_id": c["id"]},
+                )
                 for c in cancelled
             ]
-            entries.append(HistoryEntry("WORKFLOW_CANCELLED", {"reason": reason[:255]},
-                                        outcome="CANCELLED"))
+            entries.append(
+                HistoryEntry("WORKFLOW_CANCELLED", {"reason": reason[:255]}, outcome="CANCELLED")
+            )
             history.append(workflow_id, entries, **stored.history_columns())
         except DatabaseError as exc:
             raise db.translate(exc, "cancel") from None
@@ -273,11 +325,20 @@ def get(instance_id: Any) -> InstanceView:
     if row is None:
         raise WorkflowNotFound("no workflow instance with that id")
     return InstanceView(
-        id=row.id, definition_id=row.definition_id, definition_version=row.definition_version,
-        status=row.status, current_step=row.current_step_id, state=row.state_json,
-        business_key=row.business_key, scope=row.scope_key, error_type=row.error_type,
-        error_message=row.error_message, version=row.version, created_at=row.created_at,
-        updated_at=row.updated_at, completed_at=row.completed_at,
+        id=row.id,
+        definition_id=row.definition_id,
+        definition_version=row.definition_version,
+        status=row.status,
+        current_step=row.current_step_id,
+        state=row.state_json,
+        business_key=row.business_key,
+        scope=row.scope_key,
+        error_type=row.error_type,
+        error_message=row.error_message,
+        version=row.version,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        completed_at=row.completed_at,
     )
 
 
@@ -301,5 +362,14 @@ def state_at(instance_id: Any, sequence: int) -> Any:
         raise WorkflowNotFound("no decision log reaches that history entry") from None
 
 
-__all__ = ["InstanceRef", "InstanceView", "SignalReceipt", "cancel", "get", "history_of",
-           "signal", "start", "state_at"]
+__all__ = [
+    "InstanceRef",
+    "InstanceView",
+    "SignalReceipt",
+    "cancel",
+    "get",
+    "history_of",
+    "signal",
+    "start",
+    "state_at",
+]

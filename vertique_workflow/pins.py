@@ -58,11 +58,18 @@ def resolve_start_pin(definition_id: str, scope: str, version: int | None) -> Pi
         plan = catalog.get(definition_id, version) if version else catalog.latest(definition_id)
         if plan is None:
             raise WorkflowNotFound(f"workflow definition {definition_id!r} does not exist")
-        return Pin(DEFAULT_SCOPE, definition_id, plan.version, plan.plan_hash, plan,
-                   plan.start_schema)
+        return Pin(
+            DEFAULT_SCOPE, definition_id, plan.version, plan.plan_hash, plan, plan.start_schema
+        )
     row = registry.select_version(result, scope, version)
-    return Pin(row.scope_key, definition_id, row.version, row.plan_hash,
-               resident_plan(definition_id, row.version, row.plan_hash), row.start_schema)
+    return Pin(
+        row.scope_key,
+        definition_id,
+        row.version,
+        row.plan_hash,
+        resident_plan(definition_id, row.version, row.plan_hash),
+        row.start_schema,
+    )
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,8 @@ class SignalSchemas:
             return
         if name not in self.declared:
             raise WorkflowValidationError(
-                f"workflow {self.definition_id!r} declares no signal {name[:64]!r}")
+                f"workflow {self.definition_id!r} declares no signal {name[:64]!r}"
+            )
         schema = self.declared[name]
         if schema is not None:
             _check_schema(schema, payload, f"payload of signal {name!r}")
@@ -91,8 +99,9 @@ def signal_schema_source(row: InstanceRow) -> SignalSchemas:
     plan = resident_plan(row.definition_id, row.definition_version, row.plan_hash)
     if plan is not None:
         return SignalSchemas(row.definition_id, plan, None)
-    declared = registry.declared_signal_names(row.definition_scope_key, row.definition_id,
-                                              row.definition_version)
+    declared = registry.declared_signal_names(
+        row.definition_scope_key, row.definition_id, row.definition_version
+    )
     return SignalSchemas(row.definition_id, None, declared)
 
 
@@ -102,4 +111,5 @@ def _check_schema(schema: dict[str, Any], payload: Any, what: str) -> None:
         # the path and the rule only: jsonschema's message quotes the value
         raise WorkflowValidationError(
             f"{what} does not match its schema at {error.json_path}: "
-            f"{error.validator!r} rule failed")
+            f"{error.validator!r} rule failed"
+        )

@@ -60,7 +60,10 @@ def sync_code_definitions(
         outcomes[(plan.id, plan.version)] = outcome
         logger.info(
             "workflow definition %s version %s hash %s: %s",
-            plan.id, plan.version, plan.plan_hash[:12], outcome,
+            plan.id,
+            plan.version,
+            plan.plan_hash[:12],
+            outcome,
         )
     return outcomes
 

@@ -52,16 +52,86 @@ _MAX_IDENTIFIER_BYTES = 63
 # PostgreSQL's reserved key words (pg_get_keywords() catcode 'R'), plus the
 # pg_ prefix that PostgreSQL keeps for system schemas.
 RESERVED_WORDS = frozenset(
-    """
-    all analyse analyze and any array as asc asymmetric both case cast check
-    collate column constraint create current_catalog current_date current_role
-    current_time current_timestamp current_user default deferrable desc distinct
-    do else end except false fetch for foreign from grant group having in
-    initially intersect into lateral leading limit localtime localtimestamp not
-    null offset on only or order placing primary references returning select
-    session_user some symmetric system_user table then to trailing true union
-    unique user using variadic when where window with
-    """.split()
+    [
+        "all",
+        "analyse",
+        "analyze",
+        "and",
+        "any",
+        "array",
+        "as",
+        "asc",
+        "asymmetric",
+        "both",
+        "case",
+        "cast",
+        "check",
+        "collate",
+        "column",
+        "constraint",
+        "create",
+        "current_catalog",
+        "current_date",
+        "current_role",
+        "current_time",
+        "current_timestamp",
+        "current_user",
+        "default",
+        "deferrable",
+        "desc",
+        "distinct",
+        "do",
+        "else",
+        "end",
+        "except",
+        "false",
+        "fetch",
+        "for",
+        "foreign",
+        "from",
+        "grant",
+        "group",
+        "having",
+        "in",
+        "initially",
+        "intersect",
+        "into",
+        "lateral",
+        "leading",
+        "limit",
+        "localtime",
+        "localtimestamp",
+        "not",
+        "null",
+        "offset",
+        "on",
+        "only",
+        "or",
+        "order",
+        "placing",
+        "primary",
+        "references",
+        "returning",
+        "select",
+        "session_user",
+        "some",
+        "symmetric",
+        "system_user",
+        "table",
+        "then",
+        "to",
+        "trailing",
+        "true",
+        "union",
+        "unique",
+        "user",
+        "using",
+        "variadic",
+        "when",
+        "where",
+        "window",
+        "with",
+    ]
 )
 
 
@@ -74,7 +144,9 @@ def validate_schema(value: object) -> str | None:
         return None
     prefix = "VERTIQUE_WORKFLOW['SCHEMA']"
     if not isinstance(value, str):
-        raise ImproperlyConfigured(f"{prefix} must be a string or None, not {type(value).__name__}.")
+        raise ImproperlyConfigured(
+            f"{prefix} must be a string or None, not {type(value).__name__}."
+        )
     if not _IDENTIFIER.match(value) or len(value.encode()) > _MAX_IDENTIFIER_BYTES:
         raise ImproperlyConfigured(
             f"{prefix} must be one plain PostgreSQL identifier (letters, digits, _ and $, "

@@ -44,8 +44,9 @@ class RunReport:
         return self.outcomes.count(outcome)
 
 
-def run_until_idle(*, max_commands: int = 10_000, wait_for_retries: bool = True,
-                   timeout: float = 60.0) -> RunReport:
+def run_until_idle(
+    *, max_commands: int = 10_000, wait_for_retries: bool = True, timeout: float = 60.0
+) -> RunReport:
     """Run claimable commands until the probe says idle.
 
     With ``wait_for_retries`` (the default) a command that is backing off

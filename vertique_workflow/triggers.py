@@ -31,8 +31,10 @@ class PlacedTriggerSql(compiler.UpsertTriggerSql):
     """
 
     def get_template(self) -> str:
-        return super().get_template().replace(
-            "CREATE OR REPLACE FUNCTION {pgid}()", "CREATE OR REPLACE FUNCTION {execute}"
+        return (
+            super()
+            .get_template()
+            .replace("CREATE OR REPLACE FUNCTION {pgid}()", "CREATE OR REPLACE FUNCTION {execute}")
         )
 
 

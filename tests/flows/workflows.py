@@ -82,6 +82,7 @@ class ExpenseApproval(Workflow[Expense]):
 
 # -- flows whose actions touch the database or fail on purpose -------------------------
 
+
 class Gate:
     """Test switches read by the flows below (set by a test, reset after it)."""
 
@@ -94,8 +95,10 @@ class ShipmentFlow(Workflow[dict]):
     """An action writes a Shipment with the ORM; then waits for "confirm"; may fail."""
 
     id, version, contract = "shipment", 1, "shipment.v1"
-    signals = {"confirm": {"type": "object", "properties": {"by": {"type": "string"}}},
-               "note": None}
+    signals = {
+        "confirm": {"type": "object", "properties": {"by": {"type": "string"}}},
+        "note": None,
+    }
 
     @action(start=True, next="confirm_wait")
     def create(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:

@@ -54,18 +54,28 @@ def redact(value: Any, fields: frozenset[str]) -> Any:
     return value
 
 
-def baseline(state: dict[str, Any], version: int, step_id: str | None,
-             fields: frozenset[str]) -> HistoryEntry:
+def baseline(
+    state: dict[str, Any], version: int, step_id: str | None, fields: frozenset[str]
+) -> HistoryEntry:
     return HistoryEntry(
-        "STATE_BASELINE", {"state": redact(state, fields)}, step_id=step_id,
-        outcome="BASELINE", entry_version=ENTRY_VERSION_DECISION_LOG,
-        state_version_before=version, state_version_after=version,
+        "STATE_BASELINE",
+        {"state": redact(state, fields)},
+        step_id=step_id,
+        outcome="BASELINE",
+        entry_version=ENTRY_VERSION_DECISION_LOG,
+        state_version_before=version,
+        state_version_after=version,
     )
 
 
-def decision_entries(decisions: Sequence[Decision], *, state_version: int,
-                     baseline_needed: bool, redacted_fields: Iterable[str] = (),
-                     max_patch_bytes: int = 65536) -> tuple[list[HistoryEntry], int]:
+def decision_entries(
+    decisions: Sequence[Decision],
+    *,
+    state_version: int,
+    baseline_needed: bool,
+    redacted_fields: Iterable[str] = (),
+    max_patch_bytes: int = 65536,
+) -> tuple[list[HistoryEntry], int]:
     """History entries of a drive's decisions, and the state version after them."""
     fields = frozenset(redacted_fields)
     entries: list[HistoryEntry] = []
@@ -79,10 +89,14 @@ def decision_entries(decisions: Sequence[Decision], *, state_version: int,
         oversized = len(json.dumps(patch, separators=(",", ":"))) > max_patch_bytes
         changed = bool(patch)
         entry = HistoryEntry(
-            "DECISION", {"outcome": decision.outcome, **decision.detail},
-            step_id=decision.step_id, outcome=decision.outcome,
-            patch=None if oversized else patch, entry_version=ENTRY_VERSION_DECISION_LOG,
-            state_version_before=version, state_version_after=version + (1 if changed else 0),
+            "DECISION",
+            {"outcome": decision.outcome, **decision.detail},
+            step_id=decision.step_id,
+            outcome=decision.outcome,
+            patch=None if oversized else patch,
+            entry_version=ENTRY_VERSION_DECISION_LOG,
+            state_version_before=version,
+            state_version_after=version + (1 if changed else 0),
         )
         entries.append(entry)
         version = entry.state_version_after or version

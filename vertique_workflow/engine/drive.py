@@ -68,10 +68,16 @@ class DriveResult:
 
 def _context(facts: RunFacts, step_id: str, **extra: Any) -> StepContext:
     return StepContext(
-        instance_id=facts.instance_id, step_id=step_id, definition_id=facts.definition_id,
-        definition_version=facts.definition_version, command_id=facts.command_id,
-        command_kind=facts.command_kind, business_key=facts.business_key, scope=facts.scope,
-        actor=facts.actor, **extra,
+        instance_id=facts.instance_id,
+        step_id=step_id,
+        definition_id=facts.definition_id,
+        definition_version=facts.definition_version,
+        command_id=facts.command_id,
+        command_kind=facts.command_kind,
+        business_key=facts.business_key,
+        scope=facts.scope,
+        actor=facts.actor,
+        **extra,
     )
 
 
@@ -81,13 +87,20 @@ def start(plan: Plan, payload: dict[str, Any] | None, facts: RunFacts) -> DriveR
     return _run(plan, state, plan.start, facts, [])
 
 
-def apply_signal(plan: Plan, state_json: dict[str, Any] | None, current_step: str | None,
-                 name: str, payload: Any, facts: RunFacts) -> DriveResult:
+def apply_signal(
+    plan: Plan,
+    state_json: dict[str, Any] | None,
+    current_step: str | None,
+    name: str,
+    payload: Any,
+    facts: RunFacts,
+) -> DriveResult:
     """Apply a signal to the wait it targets, then drive on; not accepted => not applied."""
     step = plan.step(current_step) if current_step else None
     if step is None or step.kind != "wait" or name not in step.signals:
-        return DriveResult(applied=False, status="WAITING", current_step=current_step,
-                           state=state_json)
+        return DriveResult(
+            applied=False, status="WAITING", current_step=current_step, state=state_json
+        )
     state = plan.state_from_json(state_json)
     before = plan.state_to_json(state)
     ctx = _context(facts, step.id, signal_name=name, signal_payload=payload)
@@ -100,22 +113,33 @@ def apply_signal(plan: Plan, state_json: dict[str, Any] | None, current_step: st
     decisions = [Decision(step.id, "SIGNAL_APPLIED", before, after, {"signal": name})]
     target = plan.next_after_signal(step, name)
     if target is None:  # validated plans always name one
-        raise WorkflowDefinitionError(f"wait {step.id!r} has no next step for {name!r}",
-                                      definition_id=plan.id, step_id=step.id)
+        raise WorkflowDefinitionError(
+            f"wait {step.id!r} has no next step for {name!r}",
+            definition_id=plan.id,
+            step_id=step.id,
+        )
     return _run(plan, state, target, facts, decisions)
 
 
-def drive(plan: Plan, *, kind: str, state_json: dict[str, Any] | None,
-          current_step: str | None, payload: Any, signal_name: str | None,
-          facts: RunFacts) -> DriveResult:
+def drive(
+    plan: Plan,
+    *,
+    kind: str,
+    state_json: dict[str, Any] | None,
+    current_step: str | None,
+    payload: Any,
+    signal_name: str | None,
+    facts: RunFacts,
+) -> DriveResult:
     """Entry point used by the segment: START or SIGNAL."""
     if kind == "START":
         return start(plan, payload, facts)
     if kind == "SIGNAL":
         assert signal_name is not None
         return apply_signal(plan, state_json, current_step, signal_name, payload, facts)
-    raise WorkflowDefinitionError(f"command kind {kind!r} is not supported by this release",
-                                  definition_id=plan.id)
+    raise WorkflowDefinitionError(
+        f"command kind {kind!r} is not supported by this release", definition_id=plan.id
+    )
 
 
 STEP_ATTRIBUTE = "_vertique_step"
@@ -135,8 +159,9 @@ def _call(step_id: str, callback: Any, state: Any, ctx: StepContext) -> Any:
         raise
 
 
-def _run(plan: Plan, state: Any, step_id: str, facts: RunFacts,
-         decisions: list[Decision]) -> DriveResult:
+def _run(
+    plan: Plan, state: Any, step_id: str, facts: RunFacts, decisions: list[Decision]
+) -> DriveResult:
     for _ in range(MAX_STEPS_PER_SEGMENT):
         step = plan.step(step_id)
         before = plan.state_to_json(state)
@@ -155,28 +180,41 @@ def _run(plan: Plan, state: Any, step_id: str, facts: RunFacts,
                     f"decision {step.id!r} of workflow {plan.id!r} chose an undeclared step "
                     f"{str(chosen)[:64]!r}"
                 )
-            decisions.append(Decision(step.id, "DECISION_TAKEN", before, before,
-                                      {"chosen": chosen}))
+            decisions.append(
+                Decision(step.id, "DECISION_TAKEN", before, before, {"chosen": chosen})
+            )
             step_id = chosen
         elif step.kind == "wait":
-            decisions.append(Decision(step.id, "WAITING", before, before,
-                                      {"signals": list(step.signals)}))
-            return DriveResult(True, "WAITING", step.id, before, decisions,
-                               waiting=tuple(step.signals))
+            decisions.append(
+                Decision(step.id, "WAITING", before, before, {"signals": list(step.signals)})
+            )
+            return DriveResult(
+                True, "WAITING", step.id, before, decisions, waiting=tuple(step.signals)
+            )
         elif step.kind == "end":
             decisions.append(Decision(step.id, "COMPLETED", before, before))
             return DriveResult(True, "COMPLETED", step.id, before, decisions)
         elif step.kind == "fail":
             reason = step.reason or "FAILED"
             decisions.append(Decision(step.id, "FAILED", before, before, {"reason": reason}))
-            return DriveResult(True, "FAILED", step.id, before, decisions, error_type=reason,
-                               error_message=f"{reason}: workflow reached fail step {step.id!r}")
+            return DriveResult(
+                True,
+                "FAILED",
+                step.id,
+                before,
+                decisions,
+                error_type=reason,
+                error_message=f"{reason}: workflow reached fail step {step.id!r}",
+            )
         else:
             raise WorkflowDefinitionError(
                 f"step kind {step.kind!r} is not supported by this release",
-                definition_id=plan.id, step_id=step.id)
+                definition_id=plan.id,
+                step_id=step.id,
+            )
     raise NonRetryable(
-        f"workflow {plan.id!r} ran {MAX_STEPS_PER_SEGMENT} steps without waiting or ending")
+        f"workflow {plan.id!r} ran {MAX_STEPS_PER_SEGMENT} steps without waiting or ending"
+    )
 
 
 __all__ = ["Decision", "DriveResult", "RunFacts", "apply_signal", "drive", "start"]

@@ -63,9 +63,13 @@ def run_head(head: Head, node_id: str) -> Outcome:
                 count = commands.defer(head.id, head, _not_runnable(head))
             return Outcome("DEFERRED" if count else "BUSY", head.id)
     with transaction.atomic(using=db.alias()):
-        claim = commands.claim(head.id, head.workflow_id, node_id=node_id,
-                               lease_seconds=workflow_settings.LEASE_SECONDS,
-                               max_attempts=workflow_settings.MAX_ATTEMPTS)
+        claim = commands.claim(
+            head.id,
+            head.workflow_id,
+            node_id=node_id,
+            lease_seconds=workflow_settings.LEASE_SECONDS,
+            max_attempts=workflow_settings.MAX_ATTEMPTS,
+        )
     if claim is None:
         return Outcome("BUSY", head.id)
     if claim.outcome != "CLAIMED":
@@ -74,12 +78,13 @@ def run_head(head: Head, node_id: str) -> Outcome:
 
 
 def _not_runnable(head: Head) -> str:
-    return (f"this node has no plan for {head.definition_scope_key}/{head.definition_id} "
-            f"v{head.definition_version} ({head.plan_hash[:12]})")
+    return (
+        f"this node has no plan for {head.definition_scope_key}/{head.definition_id} "
+        f"v{head.definition_version} ({head.plan_hash[:12]})"
+    )
 
 
-def run_claimed(head: Head, token: Any, attempts: int, plan: Plan | None,
-                node_id: str) -> Outcome:
+def run_claimed(head: Head, token: Any, attempts: int, plan: Plan | None, node_id: str) -> Outcome:
     try:
         with transaction.atomic(using=db.alias()):
             result = _segment(head, token, plan, node_id)
@@ -89,8 +94,12 @@ def run_claimed(head: Head, token: Any, attempts: int, plan: Plan | None,
     except DatabaseError as exc:
         if db.is_retryable(exc):
             with transaction.atomic(using=db.alias()):
-                commands.retry_transient(head.id, token, backoff_seconds(1),
-                                         f"database error {db.sqlstate(exc) or 'unknown'}")
+                commands.retry_transient(
+                    head.id,
+                    token,
+                    backoff_seconds(1),
+                    f"database error {db.sqlstate(exc) or 'unknown'}",
+                )
             return Outcome("RETRIED", head.id)
         return _code_error(head, token, attempts, exc)
     except Exception as exc:  # workflow code raised: the segment rolled back
@@ -100,12 +109,23 @@ def run_claimed(head: Head, token: Any, attempts: int, plan: Plan | None,
 def _code_error(head: Head, token: Any, attempts: int, exc: BaseException) -> Outcome:
     step = getattr(exc, STEP_ATTRIBUTE, None)
     where = f"step {step!r}" if step else "workflow code"
-    logger.warning("command %s of %s: %s raised (attempt %s of %s)", head.id, head.workflow_id,
-                   where, attempts, workflow_settings.MAX_ATTEMPTS, exc_info=exc)
+    logger.warning(
+        "command %s of %s: %s raised (attempt %s of %s)",
+        head.id,
+        head.workflow_id,
+        where,
+        attempts,
+        workflow_settings.MAX_ATTEMPTS,
+        exc_info=exc,
+    )
     with transaction.atomic(using=db.alias()):
         commands.retry_after_error(
-            head.id, token, backoff_seconds(attempts), "STEP_FAILED",
-            f"{where} raised an error (attempt {attempts} of {workflow_settings.MAX_ATTEMPTS})")
+            head.id,
+            token,
+            backoff_seconds(attempts),
+            "STEP_FAILED",
+            f"{where} raised an error (attempt {attempts} of {workflow_settings.MAX_ATTEMPTS})",
+        )
     return Outcome("RETRIED", head.id)
 
 
@@ -129,39 +149,69 @@ def _segment(head: Head, token: Any, plan: Plan | None, node_id: str) -> str:
     row = instances.get(command.workflow_id)
     assert row is not None  # the command's foreign key guarantees it
     if plan is None:
-        raise WorkflowDefinitionError("no resident plan for the instance's pin",
-                                      definition_id=row.definition_id)
+        raise WorkflowDefinitionError(
+            "no resident plan for the instance's pin", definition_id=row.definition_id
+        )
     facts = RunFacts(
-        instance_id=row.id, definition_id=row.definition_id,
-        definition_version=row.definition_version, business_key=row.business_key,
-        scope=row.scope_key, command_id=command.id, command_kind=command.kind,
+        instance_id=row.id,
+        definition_id=row.definition_id,
+        definition_version=row.definition_version,
+        business_key=row.business_key,
+        scope=row.scope_key,
+        command_id=command.id,
+        command_kind=command.kind,
         actor=command.actor,
     )
     signal_name = (command.target or {}).get("name") if command.kind == "SIGNAL" else None
     with context.bound(command.context):
-        result = drive(plan, kind=command.kind, state_json=row.state_json,
-                       current_step=row.current_step_id, payload=command.payload,
-                       signal_name=signal_name, facts=facts)
+        result = drive(
+            plan,
+            kind=command.kind,
+            state_json=row.state_json,
+            current_step=row.current_step_id,
+            payload=command.payload,
+            signal_name=signal_name,
+            facts=facts,
+        )
     common = {
-        "command_id": command.id, "executor_id": command.claimed_by or node_id,
-        "definition_scope_key": row.definition_scope_key, "definition_id": row.definition_id,
-        "definition_version": row.definition_version, "plan_hash": row.plan_hash,
+        "command_id": command.id,
+        "executor_id": command.claimed_by or node_id,
+        "definition_scope_key": row.definition_scope_key,
+        "definition_id": row.definition_id,
+        "definition_version": row.definition_version,
+        "plan_hash": row.plan_hash,
         **command.actor.history_columns(),
     }
     if not result.applied:
         commands.park(command.id, token)
-        history.append(row.id, [HistoryEntry(
-            "SIGNAL_PARKED", {"commandId": command.id, "signal": str(signal_name)[:255],
-                              "step": row.current_step_id})], **common)
+        history.append(
+            row.id,
+            [
+                HistoryEntry(
+                    "SIGNAL_PARKED",
+                    {
+                        "commandId": command.id,
+                        "signal": str(signal_name)[:255],
+                        "step": row.current_step_id,
+                    },
+                )
+            ],
+            **common,
+        )
         return "PARKED"
     entries = _entries(command.kind, row, result, signal_name)
     ended = result.status == "COMPLETED"
     if not instances.update_after_segment(
-            row.id, expected_version=row.version, status=result.status,
-            current_step=result.current_step, state=result.state,
-            error_type=result.error_type, error_message=result.error_message,
-            ended=ended or result.status == "FAILED",
-            subject=command.target if command.kind == "START" else None):
+        row.id,
+        expected_version=row.version,
+        status=result.status,
+        current_step=result.current_step,
+        state=result.state,
+        error_type=result.error_type,
+        error_message=result.error_message,
+        ended=ended or result.status == "FAILED",
+        subject=command.target if command.kind == "START" else None,
+    ):
         raise _OptimisticConflict()
     history.append(row.id, entries, **common)
     if commands.complete(command.id, token) != 1:
@@ -179,25 +229,35 @@ class _OptimisticConflict(DatabaseError):
     sqlstate = "40001"
 
 
-def _entries(kind: str, row: instances.InstanceRow, result: DriveResult,
-             signal_name: str | None) -> list[HistoryEntry]:
+def _entries(
+    kind: str, row: instances.InstanceRow, result: DriveResult, signal_name: str | None
+) -> list[HistoryEntry]:
     entries: list[HistoryEntry] = []
     if kind == "START":
-        entries.append(HistoryEntry("WORKFLOW_STARTED", {
-            "definitionId": row.definition_id, "version": row.definition_version}))
+        entries.append(
+            HistoryEntry(
+                "WORKFLOW_STARTED",
+                {"definitionId": row.definition_id, "version": row.definition_version},
+            )
+        )
         baseline = True
     else:
         baseline = instances.consume_legacy_baseline(row.id)
         entries.append(HistoryEntry("SIGNAL_APPLIED", {"signal": str(signal_name)[:255]}))
     logged, _ = decision_log.decision_entries(
-        result.decisions, state_version=row.version, baseline_needed=baseline,
+        result.decisions,
+        state_version=row.version,
+        baseline_needed=baseline,
         redacted_fields=workflow_settings.REDACTED_FIELDS,
-        max_patch_bytes=workflow_settings.HISTORY_PATCH_MAX_BYTES)
+        max_patch_bytes=workflow_settings.HISTORY_PATCH_MAX_BYTES,
+    )
     entries.extend(logged)
     if result.status == "COMPLETED":
-        entries.append(HistoryEntry("WORKFLOW_COMPLETED", {"step": result.current_step},
-                                    outcome="COMPLETED"))
+        entries.append(
+            HistoryEntry("WORKFLOW_COMPLETED", {"step": result.current_step}, outcome="COMPLETED")
+        )
     elif result.status == "FAILED":
-        entries.append(HistoryEntry("WORKFLOW_FAILED", {"reason": result.error_message},
-                                    outcome="FAILED"))
+        entries.append(
+            HistoryEntry("WORKFLOW_FAILED", {"reason": result.error_message}, outcome="FAILED")
+        )
     return entries

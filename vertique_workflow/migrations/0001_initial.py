@@ -14,8 +14,11 @@ from vertique_workflow import tables
 T = tables.sql_names()
 
 CREATE_SCHEMA = (
-    [migrations.RunSQL(f"CREATE SCHEMA IF NOT EXISTS {tables.quote(tables.SCHEMA)}",
-                       migrations.RunSQL.noop)]
+    [
+        migrations.RunSQL(
+            f"CREATE SCHEMA IF NOT EXISTS {tables.quote(tables.SCHEMA)}", migrations.RunSQL.noop
+        )
+    ]
     if tables.SCHEMA
     else []
 )
@@ -56,11 +59,16 @@ class Migration(migrations.Migration):
                 ("completed_at", models.DateTimeField(blank=True, null=True)),
                 ("archived_at", models.DateTimeField(blank=True, null=True)),
             ],
-            options={"db_table": tables.qualified(tables.INSTANCES), "verbose_name": "workflow instance"},
+            options={
+                "db_table": tables.qualified(tables.INSTANCES),
+                "verbose_name": "workflow instance",
+            },
         ),
         migrations.AddIndex(
             "workflowinstance",
-            models.Index(fields=["definition_id", "definition_version"], name="wf_inst_definition_idx"),
+            models.Index(
+                fields=["definition_id", "definition_version"], name="wf_inst_definition_idx"
+            ),
         ),
         migrations.AddIndex(
             "workflowinstance",
@@ -71,25 +79,33 @@ class Migration(migrations.Migration):
         migrations.RunSQL(
             f"CREATE INDEX idx_workflow_instances_business_key "
             f"ON {T['instances']} (definition_id, business_key) WHERE business_key IS NOT NULL",
-            "DROP INDEX IF EXISTS "
-            + tables.qualified("idx_workflow_instances_business_key"),
+            "DROP INDEX IF EXISTS " + tables.qualified("idx_workflow_instances_business_key"),
         ),
         migrations.CreateModel(
             name="WorkflowHistory",
             fields=[
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("workflow", models.ForeignKey(
-                    db_column="workflow_id", db_constraint=False, db_index=False,
-                    on_delete=models.DO_NOTHING, related_name="history",
-                    to="vertique_workflow.workflowinstance")),
+                (
+                    "workflow",
+                    models.ForeignKey(
+                        db_column="workflow_id",
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=models.DO_NOTHING,
+                        related_name="history",
+                        to="vertique_workflow.workflowinstance",
+                    ),
+                ),
                 ("sequence", models.BigIntegerField()),
                 ("event_type", models.CharField(max_length=64)),
                 ("payload_json", models.JSONField(blank=True, null=True)),
                 ("created_at", created()),
             ],
-            options={"db_table": tables.qualified(tables.HISTORY),
-                     "verbose_name": "workflow history entry",
-                     "verbose_name_plural": "workflow history"},
+            options={
+                "db_table": tables.qualified(tables.HISTORY),
+                "verbose_name": "workflow history entry",
+                "verbose_name_plural": "workflow history",
+            },
         ),
         migrations.AddConstraint(
             "workflowhistory",
@@ -103,8 +119,18 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="WorkflowDedup",
             fields=[
-                ("pk", models.CompositePrimaryKey("kind", "scope", "key", blank=True, editable=False,
-                                                  primary_key=True, serialize=False)),
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "kind",
+                        "scope",
+                        "key",
+                        blank=True,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
                 ("kind", models.CharField(max_length=32)),
                 ("scope", models.CharField(max_length=255)),
                 ("key", models.CharField(max_length=255)),
@@ -113,10 +139,14 @@ class Migration(migrations.Migration):
                 ("result_json", models.JSONField(blank=True, null=True)),
                 ("created_at", created()),
             ],
-            options={"db_table": tables.qualified(tables.DEDUP), "verbose_name": "workflow dedup key"},
+            options={
+                "db_table": tables.qualified(tables.DEDUP),
+                "verbose_name": "workflow dedup key",
+            },
         ),
         migrations.AddIndex(
-            "workflowdedup", models.Index(fields=["workflow_id"], name="wf_dedup_workflow_idx"),
+            "workflowdedup",
+            models.Index(fields=["workflow_id"], name="wf_dedup_workflow_idx"),
         ),
         migrations.CreateModel(
             name="WorkflowTimer",
@@ -139,19 +169,22 @@ class Migration(migrations.Migration):
             options={"db_table": tables.qualified(tables.TIMERS), "verbose_name": "workflow timer"},
         ),
         migrations.AddIndex(
-            "workflowtimer", models.Index(fields=["workflow_id", "status"], name="wf_timer_workflow_idx"),
+            "workflowtimer",
+            models.Index(fields=["workflow_id", "status"], name="wf_timer_workflow_idx"),
         ),
         migrations.AddConstraint(
             "workflowtimer",
             models.CheckConstraint(
                 condition=Q(status__in=["SCHEDULED", "FIRED", "CANCELLED", "FAILED"]),
-                name="workflow_timers_status_check"),
+                name="workflow_timers_status_check",
+            ),
         ),
         migrations.AddConstraint(
             "workflowtimer",
             models.CheckConstraint(
                 condition=Q(purpose__in=["STEP", "SIGNAL_TIMEOUT", "TASK_DUE", "TASK_REMINDER"]),
-                name="workflow_timers_purpose_check"),
+                name="workflow_timers_purpose_check",
+            ),
         ),
         migrations.CreateModel(
             name="WorkflowTask",
@@ -178,15 +211,19 @@ class Migration(migrations.Migration):
             options={"db_table": tables.qualified(tables.TASKS), "verbose_name": "workflow task"},
         ),
         migrations.AddIndex(
-            "workflowtask", models.Index(fields=["workflow_id"], name="wf_task_workflow_idx"),
+            "workflowtask",
+            models.Index(fields=["workflow_id"], name="wf_task_workflow_idx"),
         ),
         migrations.AddIndex(
-            "workflowtask", models.Index(fields=["assignee", "status"], name="wf_task_assignee_idx"),
+            "workflowtask",
+            models.Index(fields=["assignee", "status"], name="wf_task_assignee_idx"),
         ),
         migrations.AddConstraint(
             "workflowtask",
-            models.CheckConstraint(condition=Q(status__in=["OPEN", "COMPLETED", "CANCELLED"]),
-                                   name="workflow_tasks_status_check"),
+            models.CheckConstraint(
+                condition=Q(status__in=["OPEN", "COMPLETED", "CANCELLED"]),
+                name="workflow_tasks_status_check",
+            ),
         ),
         migrations.CreateModel(
             name="WorkflowBranchToken",
@@ -204,8 +241,10 @@ class Migration(migrations.Migration):
                 ("created_at", created()),
                 ("updated_at", created()),
             ],
-            options={"db_table": tables.qualified(tables.BRANCH_TOKENS),
-                     "verbose_name": "workflow branch token"},
+            options={
+                "db_table": tables.qualified(tables.BRANCH_TOKENS),
+                "verbose_name": "workflow branch token",
+            },
         ),
         migrations.AddIndex(
             "workflowbranchtoken",
@@ -214,8 +253,17 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="WorkflowJoinState",
             fields=[
-                ("pk", models.CompositePrimaryKey("workflow_id", "join_step_id", blank=True,
-                                                  editable=False, primary_key=True, serialize=False)),
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "workflow_id",
+                        "join_step_id",
+                        blank=True,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
                 ("workflow_id", models.UUIDField()),
                 ("join_step_id", models.CharField(max_length=255)),
                 ("fork_step_id", models.CharField(max_length=255)),
@@ -225,7 +273,9 @@ class Migration(migrations.Migration):
                 ("created_at", created()),
                 ("updated_at", created()),
             ],
-            options={"db_table": tables.qualified(tables.JOIN_STATES),
-                     "verbose_name": "workflow join state"},
+            options={
+                "db_table": tables.qualified(tables.JOIN_STATES),
+                "verbose_name": "workflow join state",
+            },
         ),
     ]

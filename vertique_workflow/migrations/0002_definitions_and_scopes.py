@@ -37,9 +37,18 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="WorkflowDefinition",
             fields=[
-                ("pk", models.CompositePrimaryKey("scope_key", "definition_id", "definition_version",
-                                                  blank=True, editable=False, primary_key=True,
-                                                  serialize=False)),
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "scope_key",
+                        "definition_id",
+                        "definition_version",
+                        blank=True,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
                 ("scope_key", models.CharField(db_default=DEFAULT, max_length=255)),
                 ("definition_id", models.CharField(max_length=255)),
                 ("definition_version", models.IntegerField()),
@@ -59,59 +68,85 @@ class Migration(migrations.Migration):
                 ("created_at", models.DateTimeField(db_default=Now())),
                 ("updated_at", models.DateTimeField(db_default=Now())),
             ],
-            options={"db_table": tables.qualified(tables.DEFINITIONS),
-                     "verbose_name": "workflow definition"},
-        ),
-        migrations.AddConstraint(
-            "workflowdefinition",
-            models.CheckConstraint(condition=Q(kind__in=["CODE", "DOCUMENT"]),
-                                   name="workflow_definitions_kind_check"),
-        ),
-        migrations.AddConstraint(
-            "workflowdefinition",
-            models.CheckConstraint(
-                condition=Q(status__in=["CANDIDATE", "PUBLISHING", "AVAILABLE", "DEPRECATED", "RETIRED"]),
-                name="workflow_definitions_status_check"),
-        ),
-        migrations.AddConstraint(
-            "workflowdefinition",
-            models.CheckConstraint(condition=~Q(kind="CODE") | Q(scope_key=DEFAULT),
-                                   name="workflow_definitions_code_scope_check"),
+            options={
+                "db_table": tables.qualified(tables.DEFINITIONS),
+                "verbose_name": "workflow definition",
+            },
         ),
         migrations.AddConstraint(
             "workflowdefinition",
             models.CheckConstraint(
-                condition=(Q(kind="DOCUMENT", document_text__isnull=False, document_digest__isnull=False)
-                           | Q(kind="CODE", document_text__isnull=True, document_digest__isnull=True)),
-                name="workflow_definitions_source_check"),
+                condition=Q(kind__in=["CODE", "DOCUMENT"]), name="workflow_definitions_kind_check"
+            ),
+        ),
+        migrations.AddConstraint(
+            "workflowdefinition",
+            models.CheckConstraint(
+                condition=Q(
+                    status__in=["CANDIDATE", "PUBLISHING", "AVAILABLE", "DEPRECATED", "RETIRED"]
+                ),
+                name="workflow_definitions_status_check",
+            ),
+        ),
+        migrations.AddConstraint(
+            "workflowdefinition",
+            models.CheckConstraint(
+                condition=~Q(kind="CODE") | Q(scope_key=DEFAULT),
+                name="workflow_definitions_code_scope_check",
+            ),
+        ),
+        migrations.AddConstraint(
+            "workflowdefinition",
+            models.CheckConstraint(
+                condition=(
+                    Q(kind="DOCUMENT", document_text__isnull=False, document_digest__isnull=False)
+                    | Q(kind="CODE", document_text__isnull=True, document_digest__isnull=True)
+                ),
+                name="workflow_definitions_source_check",
+            ),
         ),
         migrations.AddConstraint(
             "workflowdefinition",
             models.CheckConstraint(
                 condition=Q(status="PUBLISHING", publish_token__isnull=False)
                 | (~Q(status="PUBLISHING") & Q(publish_token__isnull=True)),
-                name="workflow_definitions_publish_token_check"),
+                name="workflow_definitions_publish_token_check",
+            ),
         ),
         migrations.CreateModel(
             name="WorkflowDefinitionActivation",
             fields=[
-                ("pk", models.CompositePrimaryKey("scope_key", "definition_id", blank=True,
-                                                  editable=False, primary_key=True, serialize=False)),
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "scope_key",
+                        "definition_id",
+                        blank=True,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
                 ("scope_key", models.CharField(max_length=255)),
                 ("definition_id", models.CharField(max_length=255)),
                 ("target_scope_key", models.CharField(max_length=255)),
                 ("definition_version", models.IntegerField()),
                 ("activated_at", models.DateTimeField(db_default=Now())),
             ],
-            options={"db_table": tables.qualified(tables.ACTIVATIONS),
-                     "verbose_name": "workflow definition activation"},
+            options={
+                "db_table": tables.qualified(tables.ACTIVATIONS),
+                "verbose_name": "workflow definition activation",
+            },
         ),
         migrations.AddConstraint(
             "workflowdefinitionactivation",
             models.CheckConstraint(
-                condition=((Q(target_scope_key=F("scope_key")) | Q(target_scope_key=DEFAULT))
-                           & (~Q(scope_key=DEFAULT) | Q(target_scope_key=DEFAULT))),
-                name="workflow_definition_activations_target_check"),
+                condition=(
+                    (Q(target_scope_key=F("scope_key")) | Q(target_scope_key=DEFAULT))
+                    & (~Q(scope_key=DEFAULT) | Q(target_scope_key=DEFAULT))
+                ),
+                name="workflow_definition_activations_target_check",
+            ),
         ),
         migrations.RunSQL(
             f"ALTER TABLE {T['definition_activations']} "
@@ -123,12 +158,17 @@ class Migration(migrations.Migration):
             "DROP CONSTRAINT workflow_definition_activations_target_fk",
         ),
         # scope columns: existing rows read 'default', nothing is rewritten
-        migrations.AddField("workflowinstance", "scope_key",
-                            models.CharField(db_default=DEFAULT, max_length=255)),
-        migrations.AddField("workflowinstance", "definition_scope_key",
-                            models.CharField(db_default=DEFAULT, max_length=255)),
-        migrations.AddField("workflowtask", "scope_key",
-                            models.CharField(db_default=DEFAULT, max_length=255)),
+        migrations.AddField(
+            "workflowinstance", "scope_key", models.CharField(db_default=DEFAULT, max_length=255)
+        ),
+        migrations.AddField(
+            "workflowinstance",
+            "definition_scope_key",
+            models.CharField(db_default=DEFAULT, max_length=255),
+        ),
+        migrations.AddField(
+            "workflowtask", "scope_key", models.CharField(db_default=DEFAULT, max_length=255)
+        ),
         migrations.RunSQL(
             [
                 f"DROP INDEX IF EXISTS {index_name('idx_workflow_instances_business_key')}",
@@ -171,13 +211,25 @@ class Migration(migrations.Migration):
             ],
             state_operations=[
                 migrations.RenameField("workflowdedup", "scope", "dedup_namespace"),
-                migrations.AddField("workflowdedup", "scope_key",
-                                    models.CharField(db_default=DEFAULT, max_length=255)),
+                migrations.AddField(
+                    "workflowdedup",
+                    "scope_key",
+                    models.CharField(db_default=DEFAULT, max_length=255),
+                ),
                 migrations.AlterField(
-                    "workflowdedup", "pk",
-                    models.CompositePrimaryKey("kind", "scope_key", "dedup_namespace", "key",
-                                               blank=True, editable=False, primary_key=True,
-                                               serialize=False)),
+                    "workflowdedup",
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "kind",
+                        "scope_key",
+                        "dedup_namespace",
+                        "key",
+                        blank=True,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
             ],
         ),
     ]

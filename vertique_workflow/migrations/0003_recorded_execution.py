@@ -34,7 +34,7 @@ TIMER_FIRE_HANDLER = "jobs/delayed/vertique.workflow.timer.fire/execute"
 # The conversion runs in one statement per step, in the migration's transaction.
 CONVERT_RUNNING_WORK = [
     # timers keep their durable context, never the identity snapshot
-    f"""UPDATE {T['timers']} SET metadata = metadata - '{IDENTITY_NAMESPACE}'
+    f"""UPDATE {T["timers"]} SET metadata = metadata - '{IDENTITY_NAMESPACE}'
         WHERE status = 'SCHEDULED' AND metadata ? '{IDENTITY_NAMESPACE}'""",
     # SCHEDULED timers and RETRY_SCHEDULED branches become commands, numbered per
     # instance by availability (timers by fire time)
@@ -45,16 +45,16 @@ CONVERT_RUNNING_WORK = [
                    t.id AS timer_id, t.task_id, NULL::jsonb AS target_json,
                    t.created_at AS recorded_at, t.fire_at, t.fire_at AS available_at,
                    0 AS ord, t.id::text AS tiebreak
-            FROM {T['timers']} t
-            JOIN {T['instances']} i ON i.id = t.workflow_id
+            FROM {T["timers"]} t
+            JOIN {T["instances"]} i ON i.id = t.workflow_id
             WHERE t.status = 'SCHEDULED'
             UNION ALL
             SELECT b.workflow_id, 'RETRY', NULL, NULL, NULL,
                    jsonb_build_object('forkStepId', b.fork_step_id, 'branchId', b.branch_id,
                                       'branchTokenId', b.id::text),
                    now(), NULL, COALESCE(b.retry_at, now()), 1, b.id::text
-            FROM {T['branch_tokens']} b
-            JOIN {T['instances']} i ON i.id = b.workflow_id
+            FROM {T["branch_tokens"]} b
+            JOIN {T["instances"]} i ON i.id = b.workflow_id
             WHERE b.status = 'RETRY_SCHEDULED'
         ),
         numbered AS (
@@ -63,7 +63,7 @@ CONVERT_RUNNING_WORK = [
             FROM work
         ),
         inserted AS (
-            INSERT INTO {T['commands']} (workflow_id, seq, kind, state, timer_kind, timer_id,
+            INSERT INTO {T["commands"]} (workflow_id, seq, kind, state, timer_kind, timer_id,
                 task_id, target_json, actor_kind, actor_id, actor_reason, attribution_status,
                 recorded_at, fire_at, available_at)
             SELECT workflow_id, seq, kind, 'PENDING', timer_kind, timer_id, task_id, target_json,
@@ -73,19 +73,19 @@ CONVERT_RUNNING_WORK = [
             RETURNING id, workflow_id, seq, timer_id
         ),
         linked AS (
-            UPDATE {T['timers']} t SET command_id = inserted.id, updated_at = now()
+            UPDATE {T["timers"]} t SET command_id = inserted.id, updated_at = now()
             FROM inserted WHERE inserted.timer_id = t.id
         )
-        INSERT INTO {T['command_queues']} (workflow_id, next_seq)
+        INSERT INTO {T["command_queues"]} (workflow_id, next_seq)
         SELECT workflow_id, max(seq) + 1 FROM inserted GROUP BY workflow_id""",
-    f"""UPDATE {T['branch_tokens']} SET status = 'RUNNING', updated_at = now()
+    f"""UPDATE {T["branch_tokens"]} SET status = 'RUNNING', updated_at = now()
         WHERE status = 'RETRY_SCHEDULED'""",
     f"UPDATE {T['instances']} SET baseline_logged = FALSE",
     # the delayed jobs that fired pre-0003 timers, when their plain table is here
     f"""DO $$
         DECLARE
             job_table regclass := to_regclass(
-                format('%I.job_executions', {f"'{tables.SCHEMA}'" if tables.SCHEMA else 'current_schema()'}));
+                format('%I.job_executions', {f"'{tables.SCHEMA}'" if tables.SCHEMA else "current_schema()"}));
         BEGIN
             IF job_table IS NOT NULL
                AND (SELECT relkind FROM pg_class WHERE oid = job_table) = 'r' THEN
@@ -104,8 +104,11 @@ DROP_TRIGGER_FUNCTIONS = [
     f"DROP FUNCTION IF EXISTS "
     f"{tables.qualified_object(NOTIFY_TRIGGER.get_pgid(WorkflowCommand))}()",
     # the ignore helper is ours only when it lives in the workflow schema
-    *([f"DROP FUNCTION IF EXISTS {tables.qualified_object('_pgtrigger_should_ignore')}(name)"]
-      if tables.SCHEMA else []),
+    *(
+        [f"DROP FUNCTION IF EXISTS {tables.qualified_object('_pgtrigger_should_ignore')}(name)"]
+        if tables.SCHEMA
+        else []
+    ),
 ]
 
 
@@ -129,10 +132,17 @@ class Migration(migrations.Migration):
             name="WorkflowCommand",
             fields=[
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                ("workflow", models.ForeignKey(
-                    db_column="workflow_id", db_constraint=False, db_index=False,
-                    on_delete=models.DO_NOTHING, related_name="commands",
-                    to="vertique_workflow.workflowinstance")),
+                (
+                    "workflow",
+                    models.ForeignKey(
+                        db_column="workflow_id",
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=models.DO_NOTHING,
+                        related_name="commands",
+                        to="vertique_workflow.workflowinstance",
+                    ),
+                ),
                 ("seq", models.BigIntegerField()),
                 ("kind", models.CharField(max_length=16)),
                 ("state", models.CharField(max_length=16)),
@@ -161,46 +171,80 @@ class Migration(migrations.Migration):
                 ("settled_at", models.DateTimeField(blank=True, null=True)),
                 ("last_error", models.TextField(blank=True, null=True)),
             ],
-            options={"db_table": tables.qualified(tables.COMMANDS), "verbose_name": "workflow command"},
+            options={
+                "db_table": tables.qualified(tables.COMMANDS),
+                "verbose_name": "workflow command",
+            },
         ),
         migrations.AddConstraint(
             "workflowcommand",
-            models.UniqueConstraint(fields=["workflow", "seq"], name="workflow_commands_wf_seq_uniq"),
-        ),
-        migrations.AddConstraint(
-            "workflowcommand",
-            models.CheckConstraint(
-                condition=Q(state__in=["PENDING", "DEFERRED", "CLAIMED", "PARKED", "DEAD", "COMPLETE",
-                                       "REJECTED", "STALE", "FAILED", "SUPERSEDED", "CANCELLED"]),
-                name="workflow_commands_state_check"),
-        ),
-        migrations.AddConstraint(
-            "workflowcommand",
-            models.CheckConstraint(
-                condition=Q(kind__in=["START", "SIGNAL", "COMPLETION", "RETRY", "MIGRATION", "TIMER"]),
-                name="workflow_commands_kind_check"),
+            models.UniqueConstraint(
+                fields=["workflow", "seq"], name="workflow_commands_wf_seq_uniq"
+            ),
         ),
         migrations.AddConstraint(
             "workflowcommand",
             models.CheckConstraint(
-                condition=(Q(kind="TIMER") & Q(timer_kind__in=["FIRE", "TIMEOUT", "DUE", "REMINDER"]))
+                condition=Q(
+                    state__in=[
+                        "PENDING",
+                        "DEFERRED",
+                        "CLAIMED",
+                        "PARKED",
+                        "DEAD",
+                        "COMPLETE",
+                        "REJECTED",
+                        "STALE",
+                        "FAILED",
+                        "SUPERSEDED",
+                        "CANCELLED",
+                    ]
+                ),
+                name="workflow_commands_state_check",
+            ),
+        ),
+        migrations.AddConstraint(
+            "workflowcommand",
+            models.CheckConstraint(
+                condition=Q(
+                    kind__in=["START", "SIGNAL", "COMPLETION", "RETRY", "MIGRATION", "TIMER"]
+                ),
+                name="workflow_commands_kind_check",
+            ),
+        ),
+        migrations.AddConstraint(
+            "workflowcommand",
+            models.CheckConstraint(
+                condition=(
+                    Q(kind="TIMER") & Q(timer_kind__in=["FIRE", "TIMEOUT", "DUE", "REMINDER"])
+                )
                 | (~Q(kind="TIMER") & Q(timer_kind__isnull=True)),
-                name="workflow_commands_timer_kind_check"),
+                name="workflow_commands_timer_kind_check",
+            ),
         ),
         migrations.AddIndex(
             "workflowcommand",
-            models.Index(condition=Q(state__in=ACTIVE), fields=["workflow", "seq"],
-                         name="wf_cmd_active_seq_idx"),
+            models.Index(
+                condition=Q(state__in=ACTIVE),
+                fields=["workflow", "seq"],
+                name="wf_cmd_active_seq_idx",
+            ),
         ),
         migrations.AddIndex(
             "workflowcommand",
-            models.Index(condition=Q(state__in=ACTIVE), fields=["available_at"],
-                         name="wf_cmd_active_avail_idx"),
+            models.Index(
+                condition=Q(state__in=ACTIVE),
+                fields=["available_at"],
+                name="wf_cmd_active_avail_idx",
+            ),
         ),
         migrations.AddIndex(
             "workflowcommand",
-            models.Index(condition=Q(state__in=["PARKED", "DEAD"]), fields=["workflow"],
-                         name="wf_cmd_parked_dead_idx"),
+            models.Index(
+                condition=Q(state__in=["PARKED", "DEAD"]),
+                fields=["workflow"],
+                name="wf_cmd_parked_dead_idx",
+            ),
         ),
         migrations.RunSQL(
             f"ALTER TABLE {T['commands']} ADD CONSTRAINT workflow_commands_workflow_fk "
@@ -210,15 +254,25 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="WorkflowCommandQueue",
             fields=[
-                ("workflow", models.OneToOneField(
-                    db_column="workflow_id", db_constraint=False, on_delete=models.DO_NOTHING,
-                    primary_key=True, related_name="command_queue", serialize=False,
-                    to="vertique_workflow.workflowinstance")),
+                (
+                    "workflow",
+                    models.OneToOneField(
+                        db_column="workflow_id",
+                        db_constraint=False,
+                        on_delete=models.DO_NOTHING,
+                        primary_key=True,
+                        related_name="command_queue",
+                        serialize=False,
+                        to="vertique_workflow.workflowinstance",
+                    ),
+                ),
                 ("next_seq", models.BigIntegerField()),
                 ("open_signals", models.IntegerField(db_default=0)),
             ],
-            options={"db_table": tables.qualified(tables.COMMAND_QUEUES),
-                     "verbose_name": "workflow command queue"},
+            options={
+                "db_table": tables.qualified(tables.COMMAND_QUEUES),
+                "verbose_name": "workflow command queue",
+            },
         ),
         migrations.RunSQL(
             f"ALTER TABLE {T['command_queues']} ADD CONSTRAINT workflow_command_queues_workflow_fk "
@@ -226,11 +280,17 @@ class Migration(migrations.Migration):
             f"ALTER TABLE {T['command_queues']} DROP CONSTRAINT workflow_command_queues_workflow_fk",
         ),
         # instances
-        migrations.AlterField("workflowinstance", "state_json",
-                              models.JSONField(blank=True, null=True)),
-        migrations.AlterField("workflowinstance", "current_step_id",
-                              models.CharField(blank=True, max_length=255, null=True)),
-        migrations.AddField("workflowinstance", "baseline_logged", models.BooleanField(db_default=True)),
+        migrations.AlterField(
+            "workflowinstance", "state_json", models.JSONField(blank=True, null=True)
+        ),
+        migrations.AlterField(
+            "workflowinstance",
+            "current_step_id",
+            models.CharField(blank=True, max_length=255, null=True),
+        ),
+        migrations.AddField(
+            "workflowinstance", "baseline_logged", models.BooleanField(db_default=True)
+        ),
         # history: sixteen nullable columns and entry_version
         *[
             migrations.AddField("workflowhistory", name, field)
@@ -260,21 +320,29 @@ class Migration(migrations.Migration):
             "workflowtask",
             models.CheckConstraint(
                 condition=Q(status__in=["OPEN", "COMPLETING", "COMPLETED", "CANCELLED"]),
-                name="workflow_tasks_status_check"),
+                name="workflow_tasks_status_check",
+            ),
         ),
-        migrations.AddField("workflowtask", "reservation_command_id",
-                            models.BigIntegerField(blank=True, null=True)),
-        migrations.AddField("workflowtask", "require_version_stability",
-                            models.BooleanField(blank=True, null=True)),
+        migrations.AddField(
+            "workflowtask", "reservation_command_id", models.BigIntegerField(blank=True, null=True)
+        ),
+        migrations.AddField(
+            "workflowtask", "require_version_stability", models.BooleanField(blank=True, null=True)
+        ),
         # timers
-        migrations.AlterField("workflowtimer", "delayed_job_execution_id",
-                              models.UUIDField(blank=True, null=True)),
-        migrations.AddField("workflowtimer", "command_id", models.BigIntegerField(blank=True, null=True)),
+        migrations.AlterField(
+            "workflowtimer", "delayed_job_execution_id", models.UUIDField(blank=True, null=True)
+        ),
+        migrations.AddField(
+            "workflowtimer", "command_id", models.BigIntegerField(blank=True, null=True)
+        ),
         # definitions
-        migrations.AddField("workflowdefinition", "signal_names_json",
-                            models.JSONField(blank=True, null=True)),
-        migrations.AddField("workflowdefinition", "start_schema_json",
-                            models.JSONField(blank=True, null=True)),
+        migrations.AddField(
+            "workflowdefinition", "signal_names_json", models.JSONField(blank=True, null=True)
+        ),
+        migrations.AddField(
+            "workflowdefinition", "start_schema_json", models.JSONField(blank=True, null=True)
+        ),
         # the notify trigger (django-pgtrigger; its functions follow the placement).
         # Reversing drops the trigger function too (pgtrigger leaves it behind).
         migrations.RunSQL(migrations.RunSQL.noop, DROP_TRIGGER_FUNCTIONS),

@@ -45,11 +45,11 @@ SELECT pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text))
 # Allocate the next queue position and insert the command in one statement.
 INSERT_COMMAND = f"""
 WITH q AS (
-    INSERT INTO {T['command_queues']} AS cq (workflow_id, next_seq) VALUES (%(wf)s, 2)
+    INSERT INTO {T["command_queues"]} AS cq (workflow_id, next_seq) VALUES (%(wf)s, 2)
     ON CONFLICT (workflow_id) DO UPDATE SET next_seq = cq.next_seq + 1
     RETURNING next_seq - 1 AS seq
 )
-INSERT INTO {T['commands']} (workflow_id, seq, kind, state, payload_json, dedup_key,
+INSERT INTO {T["commands"]} (workflow_id, seq, kind, state, payload_json, dedup_key,
     target_json, context_json, explicit_carrier_json, actor_kind, actor_id, actor_reason,
     on_behalf_of, attribution_status, recorded_at, available_at)
 SELECT %(wf)s, q.seq, %(kind)s, 'PENDING', %(payload)s::jsonb, %(dedup_key)s,
@@ -61,20 +61,20 @@ RETURNING id, seq
 """
 
 ENSURE_QUEUE = f"""
-INSERT INTO {T['command_queues']} (workflow_id, next_seq) VALUES (%s, 1)
+INSERT INTO {T["command_queues"]} (workflow_id, next_seq) VALUES (%s, 1)
 ON CONFLICT (workflow_id) DO NOTHING
 """
 
 RAISE_OPEN_SIGNALS = f"""
-UPDATE {T['command_queues']} SET open_signals = open_signals + 1
+UPDATE {T["command_queues"]} SET open_signals = open_signals + 1
 WHERE workflow_id = %s AND open_signals < %s
 """
 
 PEEK = f"""
 SELECT c.id, c.workflow_id, c.seq, c.kind, i.status, i.definition_scope_key, i.definition_id,
        i.definition_version, i.plan_hash
-FROM {T['commands']} c JOIN {T['instances']} i ON i.id = c.workflow_id
-WHERE {claimable('c')}
+FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
+WHERE {claimable("c")}
 ORDER BY c.available_at, c.id
 LIMIT %s
 """
@@ -83,13 +83,13 @@ CLAIM_READ = f"""
 SELECT c.id, c.workflow_id, c.seq, c.kind, c.attempts, c.target_json, c.task_id,
        c.actor_kind, c.actor_id, c.actor_reason, c.on_behalf_of, c.attribution_status,
        i.status
-FROM {T['commands']} c JOIN {T['instances']} i ON i.id = c.workflow_id
-WHERE c.id = %s AND {claimable('c')}
+FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
+WHERE c.id = %s AND {claimable("c")}
 FOR UPDATE OF c
 """
 
 CLAIM_UPDATE = f"""
-UPDATE {T['commands']}
+UPDATE {T["commands"]}
 SET state = 'CLAIMED', attempts = attempts + 1, claim_token = gen_random_uuid(),
     lease_until = now() + make_interval(secs => %s), claimed_by = %s
 WHERE id = %s
@@ -100,14 +100,15 @@ RETURNING claim_token, attempts
 # cancellation); lowers open_signals for a signal that leaves the open states.
 SETTLE = f"""
 WITH settled AS (
-    UPDATE {T['commands']}
+    UPDATE {T["commands"]}
     SET state = %(state)s, claim_token = NULL, lease_until = NULL,
         settled_at = CASE WHEN %(state)s = 'DEAD' THEN NULL ELSE now() END,
         last_error = %(last_error)s
-    WHERE id = %(id)s AND (%(token)s::uuid IS NULL OR (state = 'CLAIMED' AND claim_token = %(token)s))
+    WHERE id = %(id)s
+      AND (%(token)s::uuid IS NULL OR (state = 'CLAIMED' AND claim_token = %(token)s))
     RETURNING workflow_id, kind, state
 ), lowered AS (
-    UPDATE {T['command_queues']} q SET open_signals = GREATEST(q.open_signals - 1, 0)
+    UPDATE {T["command_queues"]} q SET open_signals = GREATEST(q.open_signals - 1, 0)
     FROM settled WHERE q.workflow_id = settled.workflow_id AND settled.kind = 'SIGNAL'
       AND %(was_open)s
 )
@@ -119,10 +120,10 @@ SELECT c.id, c.workflow_id, c.seq, c.kind, c.payload_json, c.target_json, c.dedu
        c.context_json, c.explicit_carrier_json, c.actor_kind, c.actor_id, c.actor_reason,
        c.on_behalf_of, c.attribution_status, c.attempts, c.claimed_by, c.timer_kind,
        c.timer_id, c.task_id
-FROM {T['commands']} c
+FROM {T["commands"]} c
 WHERE c.id = %s AND c.state = 'CLAIMED' AND c.claim_token = %s
   AND NOT EXISTS (
-      SELECT 1 FROM {T['commands']} b
+      SELECT 1 FROM {T["commands"]} b
       WHERE b.workflow_id = c.workflow_id AND b.seq < c.seq
         AND b.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
         AND NOT (b.kind = 'TIMER' AND b.fire_at > now()))
@@ -131,20 +132,20 @@ FOR UPDATE
 
 COMPLETE = f"""
 WITH done AS (
-    UPDATE {T['commands']}
+    UPDATE {T["commands"]}
     SET state = 'COMPLETE', claim_token = NULL, lease_until = NULL, settled_at = now(),
         last_error = NULL
     WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
     RETURNING workflow_id, kind
 ), lowered AS (
-    UPDATE {T['command_queues']} q SET open_signals = GREATEST(q.open_signals - 1, 0)
+    UPDATE {T["command_queues"]} q SET open_signals = GREATEST(q.open_signals - 1, 0)
     FROM done WHERE q.workflow_id = done.workflow_id AND done.kind = 'SIGNAL'
 )
 SELECT count(*) FROM done
 """
 
 PARK = f"""
-UPDATE {T['commands']}
+UPDATE {T["commands"]}
 SET state = 'PARKED', claim_token = NULL, lease_until = NULL, attempts = attempts - 1
 WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
 """
@@ -152,7 +153,7 @@ WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
 # Parked signals a new wait accepts go back to PENDING with their seq: they
 # are then the head of the queue and run next, in their recorded order.
 REQUEUE_PARKED = f"""
-UPDATE {T['commands']}
+UPDATE {T["commands"]}
 SET state = 'PENDING', available_at = LEAST(available_at, now()), last_error = NULL
 WHERE workflow_id = %s AND state = 'PARKED' AND kind = 'SIGNAL'
   AND (target_json ->> 'name') = ANY(%s)
@@ -161,18 +162,18 @@ WHERE workflow_id = %s AND state = 'PARKED' AND kind = 'SIGNAL'
 # An ended instance settles its parked and dead-lettered commands.
 SETTLE_ENDED = f"""
 WITH doomed AS (
-    SELECT id FROM {T['commands']}
+    SELECT id FROM {T["commands"]}
     WHERE workflow_id = %(wf)s AND state IN ('PARKED', 'DEAD') ORDER BY id FOR UPDATE
 ), settled AS (
-    UPDATE {T['commands']} c
+    UPDATE {T["commands"]} c
     SET state = %(state)s, claim_token = NULL, lease_until = NULL, settled_at = now(),
         last_error = %(last_error)s
     FROM doomed WHERE c.id = doomed.id
     RETURNING c.id, c.seq, c.kind, c.target_json, c.actor_kind, c.actor_id, c.actor_reason,
               c.on_behalf_of, c.attribution_status,
-              (SELECT state FROM {T['commands']} o WHERE o.id = c.id) AS old_state
+              (SELECT state FROM {T["commands"]} o WHERE o.id = c.id) AS old_state
 ), lowered AS (
-    UPDATE {T['command_queues']} q
+    UPDATE {T["command_queues"]} q
     SET open_signals = GREATEST(q.open_signals - (
         SELECT count(*) FROM settled WHERE kind = 'SIGNAL' AND old_state = 'PARKED'), 0)
     WHERE q.workflow_id = %(wf)s
@@ -182,13 +183,13 @@ SELECT id, seq, kind, target_json, actor_kind, actor_id, actor_reason, on_behalf
 """
 
 RELEASE = f"""
-UPDATE {T['commands']}
+UPDATE {T["commands"]}
 SET state = 'PENDING', attempts = attempts - 1, claim_token = NULL, lease_until = NULL
 WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
 """
 
 RETRY_TRANSIENT = f"""
-UPDATE {T['commands']}
+UPDATE {T["commands"]}
 SET state = 'PENDING', attempts = attempts - 1, transient_count = transient_count + 1,
     available_at = now() + make_interval(secs => %s), claim_token = NULL, lease_until = NULL,
     last_error = %s
@@ -198,7 +199,7 @@ WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
 # A failed attempt keeps its spent attempt; the next claim dead-letters it at
 # max_attempts.
 RETRY_AFTER_ERROR = f"""
-UPDATE {T['commands']}
+UPDATE {T["commands"]}
 SET state = 'PENDING', available_at = now() + make_interval(secs => %s), claim_token = NULL,
     lease_until = NULL, last_error = %s
 WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
@@ -207,11 +208,11 @@ WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
 FENCE_FOR_FAILURE = f"""
 SELECT id, workflow_id, seq, kind, actor_kind, actor_id, actor_reason, on_behalf_of,
        attribution_status, claimed_by
-FROM {T['commands']} WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s FOR UPDATE
+FROM {T["commands"]} WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s FOR UPDATE
 """
 
 DEFER = f"""
-UPDATE {T['commands']}
+UPDATE {T["commands"]}
 SET state = 'DEFERRED', deferral_count = deferral_count + 1,
     available_at = now() + make_interval(secs => LEAST(5 * power(2, deferral_count), 300)),
     last_error = %s
@@ -220,8 +221,8 @@ RETURNING deferral_count, seq, kind
 """
 
 DEFER_READ = f"""
-SELECT c.id FROM {T['commands']} c JOIN {T['instances']} i ON i.id = c.workflow_id
-WHERE c.id = %s AND {claimable('c')}
+SELECT c.id FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
+WHERE c.id = %s AND {claimable("c")}
   AND i.definition_scope_key = %s AND i.definition_id = %s AND i.definition_version = %s
   AND i.plan_hash = %s
 FOR UPDATE OF c
@@ -230,17 +231,17 @@ FOR UPDATE OF c
 # cancelAll: every open command of the instance, ascending id, in one statement.
 CANCEL_ALL = f"""
 WITH doomed AS (
-    SELECT id, state AS old_state FROM {T['commands']}
+    SELECT id, state AS old_state FROM {T["commands"]}
     WHERE workflow_id = %(wf)s AND state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD')
     ORDER BY id FOR UPDATE
 ), cancelled AS (
-    UPDATE {T['commands']} c
+    UPDATE {T["commands"]} c
     SET state = 'CANCELLED', claim_token = NULL, lease_until = NULL, settled_at = now(),
         last_error = 'INSTANCE_CANCELLED: ' || c.kind || ' command cancelled with its instance'
     FROM doomed WHERE c.id = doomed.id
     RETURNING c.id, c.seq, c.kind, c.target_json, c.timer_id, c.task_id, doomed.old_state
 ), lowered AS (
-    UPDATE {T['command_queues']} q
+    UPDATE {T["command_queues"]} q
     SET open_signals = GREATEST(q.open_signals - (
         SELECT count(*) FROM cancelled WHERE kind = 'SIGNAL' AND old_state <> 'DEAD'), 0)
     WHERE q.workflow_id = %(wf)s
@@ -250,11 +251,11 @@ SELECT id, seq, kind, target_json, timer_id, task_id FROM cancelled ORDER BY id
 
 EARLIEST_AVAILABILITY_DELAY_MS = f"""
 SELECT ceil(extract(epoch FROM (min(available_at) - now())) * 1000)::bigint
-FROM {T['commands']} WHERE state IN ('PENDING', 'DEFERRED') AND available_at > now()
+FROM {T["commands"]} WHERE state IN ('PENDING', 'DEFERRED') AND available_at > now()
 """
 
 QUEUE = f"""
-SELECT next_seq, open_signals FROM {T['command_queues']} WHERE workflow_id = %s
+SELECT next_seq, open_signals FROM {T["command_queues"]} WHERE workflow_id = %s
 """
 
 
@@ -274,12 +275,22 @@ class Actor:
     status: str = "ABSENT"
 
     def history_columns(self) -> dict[str, Any]:
-        return {"actor_kind": self.kind, "actor_id": self.id, "actor_reason": self.reason,
-                "on_behalf_of": self.on_behalf_of, "attribution_status": self.status}
+        return {
+            "actor_kind": self.kind,
+            "actor_id": self.id,
+            "actor_reason": self.reason,
+            "on_behalf_of": self.on_behalf_of,
+            "attribution_status": self.status,
+        }
 
 
-def actor_from_row(kind: str | None, actor_id: str | None, reason: str | None,
-                   on_behalf_of: str | None, status: str | None) -> Actor:
+def actor_from_row(
+    kind: str | None,
+    actor_id: str | None,
+    reason: str | None,
+    on_behalf_of: str | None,
+    status: str | None,
+) -> Actor:
     if kind is None:
         return Actor()
     return Actor(kind, actor_id, reason, on_behalf_of, status or "ABSENT")
@@ -335,6 +346,7 @@ class FencedCommand:
 
 # -- record side -----------------------------------------------------------
 
+
 def lock_instance(workflow_id: Any, lock_timeout_ms: int) -> None:
     """Take the execution lock, waiting at most ``lock_timeout_ms`` for it."""
     db.fetchone(LOCK_INSTANCE, (f"{int(lock_timeout_ms)}ms", str(workflow_id)))
@@ -350,21 +362,36 @@ def try_lock_instance(workflow_id: Any) -> bool:
     return bool(row and row[0])
 
 
-def insert(workflow_id: Any, kind: str, *, payload: Any = None, dedup_key: str | None = None,
-           target: Any = None, context: Any = None, carrier: Any = None,
-           actor: Actor | None = None) -> tuple[int, int]:
+def insert(
+    workflow_id: Any,
+    kind: str,
+    *,
+    payload: Any = None,
+    dedup_key: str | None = None,
+    target: Any = None,
+    context: Any = None,
+    carrier: Any = None,
+    actor: Actor | None = None,
+) -> tuple[int, int]:
     """Insert a PENDING command at the next queue position; returns (id, seq)."""
     actor = actor or Actor()
-    row = db.fetchone(INSERT_COMMAND, {
-        "wf": workflow_id, "kind": kind,
-        "payload": None if payload is None else json.dumps(payload),
-        "dedup_key": dedup_key,
-        "target": None if target is None else json.dumps(target),
-        "context": None if context is None else json.dumps(context),
-        "carrier": None if carrier is None else json.dumps(carrier),
-        "actor_kind": actor.kind, "actor_id": actor.id, "actor_reason": actor.reason,
-        "on_behalf_of": actor.on_behalf_of, "attribution_status": actor.status,
-    })
+    row = db.fetchone(
+        INSERT_COMMAND,
+        {
+            "wf": workflow_id,
+            "kind": kind,
+            "payload": None if payload is None else json.dumps(payload),
+            "dedup_key": dedup_key,
+            "target": None if target is None else json.dumps(target),
+            "context": None if context is None else json.dumps(context),
+            "carrier": None if carrier is None else json.dumps(carrier),
+            "actor_kind": actor.kind,
+            "actor_id": actor.id,
+            "actor_reason": actor.reason,
+            "on_behalf_of": actor.on_behalf_of,
+            "attribution_status": actor.status,
+        },
+    )
     assert row is not None
     return row[0], row[1]
 
@@ -382,20 +409,31 @@ def queue(workflow_id: Any) -> tuple[int, int] | None:
 
 # -- executor side ---------------------------------------------------------
 
+
 def peek(limit: int) -> list[Head]:
     """Claimable heads with their pins, oldest availability first (no locks)."""
     return [Head(*row) for row in db.fetchall(PEEK, (limit,))]
 
 
-def _settle(command_id: int, state: str, last_error: str | None, *, token: Any = None,
-            was_open: bool = True) -> str | None:
-    row = db.fetchone(SETTLE, {"id": command_id, "state": state, "last_error": last_error,
-                               "token": token, "was_open": was_open})
+def _settle(
+    command_id: int, state: str, last_error: str | None, *, token: Any = None, was_open: bool = True
+) -> str | None:
+    row = db.fetchone(
+        SETTLE,
+        {
+            "id": command_id,
+            "state": state,
+            "last_error": last_error,
+            "token": token,
+            "was_open": was_open,
+        },
+    )
     return None if row is None else row[0]
 
 
-def claim(command_id: int, workflow_id: Any, *, node_id: str, lease_seconds: float,
-          max_attempts: int) -> Claim | None:
+def claim(
+    command_id: int, workflow_id: Any, *, node_id: str, lease_seconds: float, max_attempts: int
+) -> Claim | None:
     """Claim a head; call inside a transaction of its own.
 
     Returns None when the lock is busy or the command is no longer claimable.
@@ -407,8 +445,21 @@ def claim(command_id: int, workflow_id: Any, *, node_id: str, lease_seconds: flo
     row = db.fetchone(CLAIM_READ, (command_id,))
     if row is None:
         return None
-    (cid, wf, seq, kind, attempts, target, task_id, a_kind, a_id, a_reason, a_obo, a_status,
-     instance_status) = row
+    (
+        cid,
+        wf,
+        seq,
+        kind,
+        attempts,
+        target,
+        _task_id,
+        a_kind,
+        a_id,
+        a_reason,
+        a_obo,
+        a_status,
+        instance_status,
+    ) = row
     target = db.load_json(target)
     actor = actor_from_row(a_kind, a_id, a_reason, a_obo, a_status)
     common = {"command_id": cid, **actor.history_columns()}
@@ -424,15 +475,18 @@ def claim(command_id: int, workflow_id: Any, *, node_id: str, lease_seconds: flo
             state, event = "REJECTED", "COMMAND_REJECTED"
             reason = error_text("INSTANCE_ENDED", f"{kind} command of an ended instance")
         _settle(cid, state, reason)
-        history.append(wf, [HistoryEntry(event, _command_payload(cid, seq, kind, target,
-                                                                  reason))], **common)
+        history.append(
+            wf, [HistoryEntry(event, _command_payload(cid, seq, kind, target, reason))], **common
+        )
         return Claim("SETTLED", cid)
     if attempts >= max_attempts:
-        reason = error_text("ATTEMPTS_EXHAUSTED",
-                            f"{kind} command failed {attempts} of {max_attempts} attempts")
+        reason = error_text(
+            "ATTEMPTS_EXHAUSTED", f"{kind} command failed {attempts} of {max_attempts} attempts"
+        )
         _settle(cid, "DEAD", reason)
-        entries = [HistoryEntry("COMMAND_DEAD_LETTERED",
-                                _command_payload(cid, seq, kind, target, reason))]
+        entries = [
+            HistoryEntry("COMMAND_DEAD_LETTERED", _command_payload(cid, seq, kind, target, reason))
+        ]
         if kind == "START":
             from . import instances
 
@@ -445,8 +499,9 @@ def claim(command_id: int, workflow_id: Any, *, node_id: str, lease_seconds: flo
     return Claim("CLAIMED", cid, claimed[0], claimed[1])
 
 
-def _command_payload(command_id: int, seq: int, kind: str, target: Any,
-                     reason: str | None) -> dict[str, Any]:
+def _command_payload(
+    command_id: int, seq: int, kind: str, target: Any, reason: str | None
+) -> dict[str, Any]:
     payload: dict[str, Any] = {"commandId": command_id, "seq": seq, "kind": kind}
     if kind == "SIGNAL" and target:
         payload["signal"] = str(target.get("name", ""))[:255]
@@ -460,12 +515,44 @@ def fence(command_id: int, token: Any) -> FencedCommand | None:
     row = db.fetchone(FENCE, (command_id, token))
     if row is None:
         return None
-    (cid, wf, seq, kind, payload, target, dedup_key, context, carrier, a_kind, a_id, a_reason,
-     a_obo, a_status, attempts, claimed_by, timer_kind, timer_id, task_id) = row
-    return FencedCommand(cid, wf, seq, kind, db.load_json(payload), db.load_json(target),
-                         dedup_key, db.load_json(context), db.load_json(carrier),
-                         actor_from_row(a_kind, a_id, a_reason, a_obo, a_status), attempts,
-                         claimed_by, timer_kind, timer_id, task_id)
+    (
+        cid,
+        wf,
+        seq,
+        kind,
+        payload,
+        target,
+        dedup_key,
+        context,
+        carrier,
+        a_kind,
+        a_id,
+        a_reason,
+        a_obo,
+        a_status,
+        attempts,
+        claimed_by,
+        timer_kind,
+        timer_id,
+        task_id,
+    ) = row
+    return FencedCommand(
+        cid,
+        wf,
+        seq,
+        kind,
+        db.load_json(payload),
+        db.load_json(target),
+        dedup_key,
+        db.load_json(context),
+        db.load_json(carrier),
+        actor_from_row(a_kind, a_id, a_reason, a_obo, a_status),
+        attempts,
+        claimed_by,
+        timer_kind,
+        timer_id,
+        task_id,
+    )
 
 
 def complete(command_id: int, token: Any) -> int:
@@ -492,9 +579,12 @@ def settle_ended(workflow_id: Any, *, cancelled: bool) -> int:
     rows = db.fetchall(SETTLE_ENDED, {"wf": workflow_id, "state": state, "last_error": reason})
     for cid, seq, kind, target, *actor_cols in rows:
         target = db.load_json(target)
-        history.append(workflow_id,
-                       [HistoryEntry(event, _command_payload(cid, seq, kind, target, reason))],
-                       command_id=cid, **actor_from_row(*actor_cols).history_columns())
+        history.append(
+            workflow_id,
+            [HistoryEntry(event, _command_payload(cid, seq, kind, target, reason))],
+            command_id=cid,
+            **actor_from_row(*actor_cols).history_columns(),
+        )
     return len(rows)
 
 
@@ -504,14 +594,18 @@ def release(command_id: int, token: Any) -> int:
 
 
 def retry_transient(command_id: int, token: Any, backoff_seconds: float, message: str) -> int:
-    return db.execute(RETRY_TRANSIENT, (backoff_seconds, error_text("TRANSIENT_FAILURE", message),
-                                        command_id, token))
+    return db.execute(
+        RETRY_TRANSIENT,
+        (backoff_seconds, error_text("TRANSIENT_FAILURE", message), command_id, token),
+    )
 
 
-def retry_after_error(command_id: int, token: Any, backoff_seconds: float, reason_code: str,
-                      message: str) -> int:
-    return db.execute(RETRY_AFTER_ERROR, (backoff_seconds, error_text(reason_code, message),
-                                          command_id, token))
+def retry_after_error(
+    command_id: int, token: Any, backoff_seconds: float, reason_code: str, message: str
+) -> int:
+    return db.execute(
+        RETRY_AFTER_ERROR, (backoff_seconds, error_text(reason_code, message), command_id, token)
+    )
 
 
 def fail(command_id: int, token: Any, reason_code: str, message: str) -> str:
@@ -525,7 +619,7 @@ def fail(command_id: int, token: Any, reason_code: str, message: str) -> str:
     row = db.fetchone(FENCE_FOR_FAILURE, (command_id, token))
     if row is None:
         return "CLAIM_LOST"
-    cid, wf, seq, kind, *rest = row
+    cid, wf, _seq, _kind, *rest = row
     actor = actor_from_row(*rest[:5])
     if not try_lock_instance(wf):
         return "BUSY"
@@ -542,26 +636,56 @@ def defer(command_id: int, head: Head, reason: str) -> int:
     """Defer a head this node cannot run; returns the new deferral count (0: nothing)."""
     if not try_lock_instance(head.workflow_id):
         return 0
-    if db.fetchone(DEFER_READ, (command_id, head.definition_scope_key, head.definition_id,
-                                head.definition_version, head.plan_hash)) is None:
+    if (
+        db.fetchone(
+            DEFER_READ,
+            (
+                command_id,
+                head.definition_scope_key,
+                head.definition_id,
+                head.definition_version,
+                head.plan_hash,
+            ),
+        )
+        is None
+    ):
         return 0
     row = db.fetchone(DEFER, (error_text("NOT_RUNNABLE", reason), command_id))
     assert row is not None
     count, seq, kind = row
     if count == 1:
-        history.append(head.workflow_id, [HistoryEntry(
-            "COMMAND_DEFERRED", {"commandId": command_id, "seq": seq, "kind": kind,
-                                 "reason": error_text("NOT_RUNNABLE", reason)})],
-            command_id=command_id)
+        history.append(
+            head.workflow_id,
+            [
+                HistoryEntry(
+                    "COMMAND_DEFERRED",
+                    {
+                        "commandId": command_id,
+                        "seq": seq,
+                        "kind": kind,
+                        "reason": error_text("NOT_RUNNABLE", reason),
+                    },
+                )
+            ],
+            command_id=command_id,
+        )
     return int(count)
 
 
 def cancel_all(workflow_id: Any) -> list[dict[str, Any]]:
     """Cancel every open command of the instance (caller holds the execution lock)."""
     rows = db.fetchall(CANCEL_ALL, {"wf": workflow_id})
-    return [{"id": r[0], "seq": r[1], "kind": r[2], "target": db.load_json(r[3]),
-             "timer_id": r[4],
-             "task_id": r[5]} for r in rows]
+    return [
+        {
+            "id": r[0],
+            "seq": r[1],
+            "kind": r[2],
+            "target": db.load_json(r[3]),
+            "timer_id": r[4],
+            "task_id": r[5],
+        }
+        for r in rows
+    ]
 
 
 def earliest_availability_delay_ms() -> int | None:

@@ -86,5 +86,6 @@ def translate(exc: DatabaseError, what: str) -> Exception:
     state = sqlstate(exc)
     if state == "23505":
         return WorkflowConflict(f"{what}: a conflicting row already exists")
-    return WorkflowPersistenceError(f"{what}: database error {state or 'unknown'}",
-                                    retryable=is_retryable(exc))
+    return WorkflowPersistenceError(
+        f"{what}: database error {state or 'unknown'}", retryable=is_retryable(exc)
+    )

@@ -104,9 +104,7 @@ SET_LOCK_TIMEOUT = (
     "SELECT set_config('lock_timeout', %s, true), current_setting('transaction_isolation')"
 )
 
-LOCK_ID = (
-    "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))"
-)
+LOCK_ID = "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))"
 
 LOCK_ID_SHARED = (
     "SELECT pg_advisory_xact_lock_shared("
@@ -116,7 +114,7 @@ LOCK_ID_SHARED = (
 LOCK_ROWS = f"""
 SELECT scope_key, definition_version, kind, status, contract_name, state_type_name, plan_hash,
        (signal_names_json IS NULL AND start_schema_json IS NULL) AS schemas_missing
-FROM {T['definitions']}
+FROM {T["definitions"]}
 WHERE definition_id = %s
 ORDER BY scope_key, definition_version
 FOR UPDATE
@@ -124,13 +122,13 @@ FOR UPDATE
 
 READ_ACTIVATIONS = f"""
 SELECT scope_key, definition_id, target_scope_key, definition_version, activated_at
-FROM {T['definition_activations']}
+FROM {T["definition_activations"]}
 WHERE definition_id = %s
 ORDER BY scope_key
 """
 
 INSERT_CODE = f"""
-INSERT INTO {T['definitions']}
+INSERT INTO {T["definitions"]}
     (scope_key, definition_id, definition_version, kind, status, contract_name,
      state_type_name, plan_hash, name_binding, signal_names_json, start_schema_json,
      created_at, updated_at)
@@ -139,21 +137,21 @@ VALUES ('default', %s, %s, 'CODE', 'AVAILABLE', %s, %s, %s, '{{}}'::jsonb, %s::j
 """
 
 REHASH_CODE = f"""
-UPDATE {T['definitions']}
+UPDATE {T["definitions"]}
 SET plan_hash = %s, contract_name = %s, state_type_name = %s, name_binding = '{{}}'::jsonb,
     signal_names_json = %s::jsonb, start_schema_json = %s::jsonb, updated_at = now()
 WHERE scope_key = 'default' AND definition_id = %s AND definition_version = %s AND kind = 'CODE'
 """
 
 FILL_SIGNAL_SCHEMAS = f"""
-UPDATE {T['definitions']}
+UPDATE {T["definitions"]}
 SET signal_names_json = %s::jsonb, start_schema_json = %s::jsonb
 WHERE scope_key = 'default' AND definition_id = %s AND definition_version = %s
   AND plan_hash = %s AND signal_names_json IS NULL AND start_schema_json IS NULL
 """
 
 ACTIVATE_DEFAULT_IF_HIGHER = f"""
-INSERT INTO {T['definition_activations']} AS current
+INSERT INTO {T["definition_activations"]} AS current
     (scope_key, definition_id, target_scope_key, definition_version, activated_at)
 VALUES ('default', %s, 'default', %s, now())
 ON CONFLICT (scope_key, definition_id) DO UPDATE
@@ -164,7 +162,7 @@ WHERE current.definition_version < EXCLUDED.definition_version
 """
 
 PUT_ACTIVATION = f"""
-INSERT INTO {T['definition_activations']}
+INSERT INTO {T["definition_activations"]}
     (scope_key, definition_id, target_scope_key, definition_version, activated_at)
 VALUES (%s, %s, %s, %s, now())
 ON CONFLICT (scope_key, definition_id) DO UPDATE
@@ -174,12 +172,12 @@ SET target_scope_key = EXCLUDED.target_scope_key,
 """
 
 DELETE_ACTIVATION = f"""
-DELETE FROM {T['definition_activations']}
+DELETE FROM {T["definition_activations"]}
 WHERE scope_key = %s AND definition_id = %s
 """
 
 SET_STATUS = f"""
-UPDATE {T['definitions']}
+UPDATE {T["definitions"]}
 SET status = %s, updated_at = now()
 WHERE scope_key = %s AND definition_id = %s AND definition_version = %s AND status = %s
 """
@@ -188,7 +186,7 @@ _PINNING_SQL = ", ".join(f"'{status}'" for status in PINNING_INSTANCE_STATUSES)
 
 COUNT_PINNED_INSTANCES = f"""
 SELECT count(*)
-FROM {T['instances']}
+FROM {T["instances"]}
 WHERE definition_scope_key = %s AND definition_id = %s AND definition_version = %s
   AND status IN ({_PINNING_SQL})
 """
@@ -199,7 +197,7 @@ SELECT 'DEFINITION' AS source, scope_key, definition_version, status, kind, cont
        CASE WHEN status = 'AVAILABLE' THEN signal_names_json::text END,
        CASE WHEN status = 'AVAILABLE' THEN start_schema_json::text END,
        NULL::varchar AS target_scope_key
-FROM {T['definitions']}
+FROM {T["definitions"]}
 WHERE definition_id = %s AND scope_key IN (%s, 'default')
 UNION ALL
 SELECT 'ACTIVATION', scope_key, definition_version, NULL, NULL, NULL,
@@ -207,13 +205,13 @@ SELECT 'ACTIVATION', scope_key, definition_version, NULL, NULL, NULL,
        NULL::text,
        NULL::text,
        target_scope_key
-FROM {T['definition_activations']}
+FROM {T["definition_activations"]}
 WHERE definition_id = %s AND scope_key IN (%s, 'default')
 """
 
 PIN_ROWS = f"""
 SELECT scope_key, definition_version, status, plan_hash
-FROM {T['definitions']}
+FROM {T["definitions"]}
 WHERE definition_id = %s
 """
 
@@ -221,7 +219,7 @@ PIN_ROWS_FOR_SHARE = PIN_ROWS + "ORDER BY scope_key, definition_version\nFOR SHA
 
 SIGNAL_NAMES = f"""
 SELECT signal_names_json::text
-FROM {T['definitions']}
+FROM {T["definitions"]}
 WHERE scope_key = %s AND definition_id = %s AND definition_version = %s
 """
 
@@ -229,7 +227,7 @@ LIST_DEFINITIONS = f"""
 SELECT scope_key, definition_id, definition_version, kind, status, contract_name,
        state_type_name, plan_hash, document_digest, document_format, source_location,
        failure_reason, created_at, updated_at
-FROM {T['definitions']}
+FROM {T["definitions"]}
 WHERE (%s::varchar IS NULL OR scope_key = %s)
   AND (%s::varchar IS NULL OR definition_id = %s)
   AND (%s::varchar[] IS NULL OR status = ANY(%s::varchar[]))
@@ -238,7 +236,7 @@ ORDER BY definition_id, scope_key, definition_version
 
 LIST_ACTIVATIONS = f"""
 SELECT scope_key, definition_id, target_scope_key, definition_version, activated_at
-FROM {T['definition_activations']}
+FROM {T["definition_activations"]}
 WHERE (%s::varchar IS NULL OR scope_key = %s)
   AND (%s::varchar IS NULL OR definition_id = %s)
 ORDER BY definition_id, scope_key
@@ -494,7 +492,10 @@ def _check_version_rules(
 
 
 def _check_default_contract(
-    rows: Sequence[_LockedRow], scope_key: str, definition_id: str, version: int,
+    rows: Sequence[_LockedRow],
+    scope_key: str,
+    definition_id: str,
+    version: int,
     contract_name: str,
 ) -> None:
     """A non-default scope with no other live version of the id must not name another
@@ -585,16 +586,30 @@ def upsert_code(plan: PlanLike, *, activate_default: bool = True) -> UpsertOutco
         if own is None:
             cursor.execute(
                 INSERT_CODE,
-                [definition_id, version, plan.contract, plan.state_type_name, plan.plan_hash,
-                 signals_json, start_json],
+                [
+                    definition_id,
+                    version,
+                    plan.contract,
+                    plan.state_type_name,
+                    plan.plan_hash,
+                    signals_json,
+                    start_json,
+                ],
             )
             if activate_default:
                 cursor.execute(ACTIVATE_DEFAULT_IF_HIGHER, [definition_id, version])
             return "INSERTED"
         cursor.execute(
             REHASH_CODE,
-            [plan.plan_hash, plan.contract, plan.state_type_name, signals_json, start_json,
-             definition_id, version],
+            [
+                plan.plan_hash,
+                plan.contract,
+                plan.state_type_name,
+                signals_json,
+                start_json,
+                definition_id,
+                version,
+            ],
         )
         return "REHASHED"
 
@@ -613,14 +628,24 @@ def selection_read(start_scope: str, definition_id: str) -> SelectionResult:
     """
     connection = connections[workflow_settings.DATABASE]
     with connection.cursor() as cursor:
-        cursor.execute(
-            SELECTION_READ, [definition_id, start_scope, definition_id, start_scope]
-        )
+        cursor.execute(SELECTION_READ, [definition_id, start_scope, definition_id, start_scope])
         fetched = cursor.fetchall()
     rows: list[DefinitionRow] = []
     activations: list[Activation] = []
-    for (source, scope_key, version, status, kind, contract, state_type, failure, plan_hash,
-         signals, start_schema, target_scope) in fetched:
+    for (
+        source,
+        scope_key,
+        version,
+        status,
+        kind,
+        contract,
+        state_type,
+        failure,
+        plan_hash,
+        signals,
+        start_schema,
+        target_scope,
+    ) in fetched:
         if source == "ACTIVATION":
             activations.append(Activation(scope_key, definition_id, target_scope, version))
             continue
@@ -677,9 +702,7 @@ def select_version(
         )
         if row is None and not result.rows:
             raise WorkflowNotFound(f"workflow definition {definition_id!r} does not exist")
-        return _available(
-            row, f"workflow definition {definition_id!r} version {requested_version}"
-        )
+        return _available(row, f"workflow definition {definition_id!r} version {requested_version}")
     record = result.activation(start_scope) or result.activation(DEFAULT_SCOPE)
     if record is not None:
         target = result.row(record.target_scope_key, record.version)
@@ -879,9 +902,7 @@ def retire(scope_key: str, definition_id: str, version: int) -> None:
 # --------------------------------------------------------------------------
 
 
-def put_activation(
-    scope_key: str, definition_id: str, target_scope_key: str, version: int
-) -> None:
+def put_activation(scope_key: str, definition_id: str, target_scope_key: str, version: int) -> None:
     """Make ``(target_scope_key, definition_id, version)`` the current version of the id
     in ``scope_key`` (insert or replace the scope's record), under the id lock.
 

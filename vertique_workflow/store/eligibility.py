@@ -25,9 +25,9 @@ def held_back(c: str) -> str:
     """SQL true when command alias ``c`` is a held-back timer."""
     return f"""({c}.kind = 'TIMER' AND (
         ({c}.timer_kind IN ('DUE', 'REMINDER') AND EXISTS (
-            SELECT 1 FROM {T['tasks']} ht WHERE ht.id = {c}.task_id AND ht.status = 'COMPLETING'))
+            SELECT 1 FROM {T["tasks"]} ht WHERE ht.id = {c}.task_id AND ht.status = 'COMPLETING'))
         OR ({c}.timer_kind = 'TIMEOUT' AND EXISTS (
-            SELECT 1 FROM {T['commands']} hs
+            SELECT 1 FROM {T["commands"]} hs
             WHERE hs.workflow_id = {c}.workflow_id AND hs.kind IN ('SIGNAL', 'COMPLETION')
               AND hs.state IN {ACTIVE_STATES} AND hs.recorded_at < {c}.fire_at
               AND ({c}.target_json IS NULL
@@ -41,11 +41,11 @@ def held_back(c: str) -> str:
 def at_head(c: str) -> str:
     """SQL true when no earlier active command of the instance blocks ``c``."""
     return f"""NOT EXISTS (
-        SELECT 1 FROM {T['commands']} b
+        SELECT 1 FROM {T["commands"]} b
         WHERE b.workflow_id = {c}.workflow_id AND b.seq < {c}.seq
           AND b.state IN {ACTIVE_STATES}
           AND NOT (b.kind = 'TIMER' AND b.fire_at > now())
-          AND NOT {held_back('b')})"""
+          AND NOT {held_back("b")})"""
 
 
 def claimable(c: str) -> str:

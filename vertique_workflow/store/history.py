@@ -22,7 +22,7 @@ _COLUMNS = (
 # One statement appends any number of entries: the caller holds the execution
 # lock, so MAX(sequence) + n is the next dense sequence.
 APPEND = f"""
-INSERT INTO {T['history']} (workflow_id, sequence, event_type, payload_json, step_id, outcome,
+INSERT INTO {T["history"]} (workflow_id, sequence, event_type, payload_json, step_id, outcome,
     patch_json, entry_version, state_version_before, state_version_after, executor_id,
     command_id, definition_scope_key, definition_id, definition_version, plan_hash,
     actor_kind, actor_id, actor_reason, on_behalf_of, attribution_status)
@@ -31,12 +31,12 @@ SELECT %s, base.s + e.ord, e.event_type, e.payload_json, e.step_id, e.outcome, e
        e.executor_id, e.command_id, e.definition_scope_key, e.definition_id,
        e.definition_version, e.plan_hash, e.actor_kind, e.actor_id, e.actor_reason,
        e.on_behalf_of, e.attribution_status
-FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T['history']} WHERE workflow_id = %s) base,
+FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]} WHERE workflow_id = %s) base,
      jsonb_to_recordset(%s::jsonb) AS e({_COLUMNS})
 """
 
 DECISION_LOG = f"""
-SELECT sequence, event_type, payload_json, patch_json FROM {T['history']}
+SELECT sequence, event_type, payload_json, patch_json FROM {T["history"]}
 WHERE workflow_id = %s AND entry_version = 2 AND sequence <= %s
   AND event_type IN ('STATE_BASELINE', 'DECISION')
 ORDER BY sequence
@@ -45,7 +45,7 @@ ORDER BY sequence
 LIST = f"""
 SELECT sequence, event_type, payload_json, step_id, outcome, patch_json, entry_version,
        command_id, executor_id, actor_kind, actor_id, created_at
-FROM {T['history']} WHERE workflow_id = %s ORDER BY sequence
+FROM {T["history"]} WHERE workflow_id = %s ORDER BY sequence
 """
 
 
@@ -69,15 +69,18 @@ def append(workflow_id: Any, entries: Sequence[HistoryEntry], **common: Any) -> 
     """Append entries in order; ``common`` fills columns such as command_id, executor_id."""
     if not entries:
         return
-    rows = [dict(entry_row(entry, common), ord=index)
-            for index, entry in enumerate(entries, start=1)]
+    rows = [
+        dict(entry_row(entry, common), ord=index) for index, entry in enumerate(entries, start=1)
+    ]
     db.execute(APPEND, (workflow_id, workflow_id, json.dumps(rows, default=str)))
 
 
 def decision_log(workflow_id: Any, up_to_sequence: int) -> list[tuple[str, Any, Any]]:
     """(event_type, payload, patch) of the decision log up to a sequence."""
-    return [(row[1], db.load_json(row[2]), db.load_json(row[3]))
-            for row in db.fetchall(DECISION_LOG, (workflow_id, up_to_sequence))]
+    return [
+        (row[1], db.load_json(row[2]), db.load_json(row[3]))
+        for row in db.fetchall(DECISION_LOG, (workflow_id, up_to_sequence))
+    ]
 
 
 def entries(workflow_id: Any) -> list[dict[str, Any]]:

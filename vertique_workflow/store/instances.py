@@ -13,7 +13,7 @@ T = db.T
 ENDED = ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED")
 
 INSERT_PENDING = f"""
-INSERT INTO {T['instances']} (id, definition_id, definition_version, plan_hash, status,
+INSERT INTO {T["instances"]} (id, definition_id, definition_version, plan_hash, status,
     business_key, subject_json, metadata, scope_key, definition_scope_key)
 VALUES (%s, %s, %s, %s, 'PENDING', %s, %s::jsonb, %s::jsonb, %s, %s)
 """
@@ -22,12 +22,12 @@ SELECT = f"""
 SELECT id, definition_id, definition_version, plan_hash, status, current_step_id, state_json,
        business_key, subject_json, metadata, version, error_type, error_message, created_at,
        updated_at, completed_at, archived_at, scope_key, definition_scope_key, baseline_logged
-FROM {T['instances']} WHERE id = %s
+FROM {T["instances"]} WHERE id = %s
 """
 
 # Optimistic: the row must still have the version the segment read.
 UPDATE_AFTER_SEGMENT = f"""
-UPDATE {T['instances']}
+UPDATE {T["instances"]}
 SET status = %s, current_step_id = %s, state_json = %s::jsonb, version = version + 1,
     error_type = %s, error_message = %s, subject_json = COALESCE(%s::jsonb, subject_json),
     updated_at = now(),
@@ -36,18 +36,18 @@ WHERE id = %s AND version = %s
 """
 
 CONSUME_BASELINE = f"""
-UPDATE {T['instances']} SET baseline_logged = TRUE WHERE id = %s AND baseline_logged = FALSE
+UPDATE {T["instances"]} SET baseline_logged = TRUE WHERE id = %s AND baseline_logged = FALSE
 """
 
 MARK_FAILED = f"""
-UPDATE {T['instances']}
+UPDATE {T["instances"]}
 SET status = 'FAILED', error_type = %s, error_message = %s, completed_at = now(),
     updated_at = now(), version = version + 1
 WHERE id = %s AND status NOT IN ('COMPLETED', 'COMPENSATED', 'CANCELLED', 'EXPIRED', 'FAILED')
 """
 
 MARK_CANCELLED = f"""
-UPDATE {T['instances']}
+UPDATE {T["instances"]}
 SET status = 'CANCELLED', error_type = 'CANCELLED', error_message = %s, completed_at = now(),
     updated_at = now(), version = version + 1
 WHERE id = %s AND status NOT IN ('COMPLETED', 'COMPENSATED', 'CANCELLED', 'EXPIRED')
@@ -86,14 +86,32 @@ class InstanceRow:
         return self.status in ENDED
 
 
-def insert_pending(instance_id: Any, *, definition_id: str, definition_version: int,
-                   plan_hash: str, business_key: str | None, subject: Any, metadata: Any,
-                   scope_key: str, definition_scope_key: str) -> None:
-    db.execute(INSERT_PENDING, (
-        instance_id, definition_id, definition_version, plan_hash, business_key,
-        None if subject is None else json.dumps(subject), json.dumps(metadata or {}),
-        scope_key, definition_scope_key,
-    ))
+def insert_pending(
+    instance_id: Any,
+    *,
+    definition_id: str,
+    definition_version: int,
+    plan_hash: str,
+    business_key: str | None,
+    subject: Any,
+    metadata: Any,
+    scope_key: str,
+    definition_scope_key: str,
+) -> None:
+    db.execute(
+        INSERT_PENDING,
+        (
+            instance_id,
+            definition_id,
+            definition_version,
+            plan_hash,
+            business_key,
+            None if subject is None else json.dumps(subject),
+            json.dumps(metadata or {}),
+            scope_key,
+            definition_scope_key,
+        ),
+    )
 
 
 def get(instance_id: Any) -> InstanceRow | None:
@@ -106,13 +124,32 @@ def get(instance_id: Any) -> InstanceRow | None:
     return InstanceRow(*values)
 
 
-def update_after_segment(instance_id: Any, *, expected_version: int, status: str,
-                         current_step: str | None, state: Any, error_type: str | None,
-                         error_message: str | None, ended: bool, subject: Any = None) -> bool:
-    count = db.execute(UPDATE_AFTER_SEGMENT, (
-        status, current_step, json.dumps(state), error_type, error_message,
-        None if subject is None else json.dumps(subject), ended, instance_id, expected_version,
-    ))
+def update_after_segment(
+    instance_id: Any,
+    *,
+    expected_version: int,
+    status: str,
+    current_step: str | None,
+    state: Any,
+    error_type: str | None,
+    error_message: str | None,
+    ended: bool,
+    subject: Any = None,
+) -> bool:
+    count = db.execute(
+        UPDATE_AFTER_SEGMENT,
+        (
+            status,
+            current_step,
+            json.dumps(state),
+            error_type,
+            error_message,
+            None if subject is None else json.dumps(subject),
+            ended,
+            instance_id,
+            expected_version,
+        ),
+    )
     return count == 1
 
 

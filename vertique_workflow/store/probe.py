@@ -16,18 +16,18 @@ _FOR_INSTANCE = "(%(wf)s::uuid IS NULL OR c.workflow_id = %(wf)s::uuid)"
 
 IDLE = f"""
 SELECT
-  NOT EXISTS (SELECT 1 FROM {T['commands']} c
+  NOT EXISTS (SELECT 1 FROM {T["commands"]} c
               WHERE c.state = 'CLAIMED' AND c.lease_until >= now() AND {_FOR_INSTANCE})
-  AND NOT EXISTS (SELECT 1 FROM {T['commands']} c WHERE {_FOR_INSTANCE} AND {claimable('c')}),
+  AND NOT EXISTS (SELECT 1 FROM {T["commands"]} c WHERE {_FOR_INSTANCE} AND {claimable("c")}),
   now()
 """
 
 LISTS = {
-    "in_flight": f"c.state = 'CLAIMED' AND c.lease_until >= now()",
+    "in_flight": "c.state = 'CLAIMED' AND c.lease_until >= now()",
     "claimable": claimable("c"),
     "deferred": f"c.state = 'DEFERRED' AND NOT {claimable('c')}",
     "parked": "c.state = 'PARKED'",
-    "waiting": f"""c.state IN ('PENDING', 'CLAIMED') AND NOT {claimable('c')}
+    "waiting": f"""c.state IN ('PENDING', 'CLAIMED') AND NOT {claimable("c")}
                    AND NOT (c.state = 'CLAIMED' AND c.lease_until >= now())""",
     "stuck": """c.state = 'DEAD' OR (c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
                 AND CASE WHEN c.kind = 'TIMER' THEN c.fire_at ELSE c.recorded_at END
@@ -35,7 +35,7 @@ LISTS = {
 }
 
 QUERIES = {
-    name: f"""SELECT {_COLUMNS} FROM {T['commands']} c
+    name: f"""SELECT {_COLUMNS} FROM {T["commands"]} c
               WHERE {_FOR_INSTANCE} AND ({condition})
               ORDER BY c.workflow_id, c.seq LIMIT {LIMIT}"""
     for name, condition in LISTS.items()

@@ -1,12 +1,12 @@
 """``manage.py workflow_definitions``: record, list and manage registry versions.
 
-    workflow_definitions sync
-    workflow_definitions list [--scope S] [--id ID] [--status STATUS ...]
-    workflow_definitions deprecate ID VERSION [--scope S]
-    workflow_definitions reinstate ID VERSION [--scope S]
-    workflow_definitions retire ID VERSION [--scope S]
-    workflow_definitions activate ID VERSION [--scope S] [--target-scope T]
-    workflow_definitions deactivate ID [--scope S]
+workflow_definitions sync
+workflow_definitions list [--scope S] [--id ID] [--status STATUS ...]
+workflow_definitions deprecate ID VERSION [--scope S]
+workflow_definitions reinstate ID VERSION [--scope S]
+workflow_definitions retire ID VERSION [--scope S]
+workflow_definitions activate ID VERSION [--scope S] [--target-scope T]
+workflow_definitions deactivate ID [--scope S]
 """
 
 from __future__ import annotations
@@ -80,15 +80,23 @@ class Command(BaseCommand):
         )
         header = ("SCOPE", "ID", "VERSION", "STATUS", "KIND", "HASH", "CONTRACT")
         lines = [header] + [
-            (r.scope_key, r.definition_id, str(r.version), r.status, r.kind,
-             r.plan_hash[:12], r.contract_name)
+            (
+                r.scope_key,
+                r.definition_id,
+                str(r.version),
+                r.status,
+                r.kind,
+                r.plan_hash[:12],
+                r.contract_name,
+            )
             for r in records
         ]
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         for line in lines:
             self.stdout.write(
-                "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
-                .rstrip()
+                "  ".join(
+                    cell.ljust(width) for cell, width in zip(line, widths, strict=True)
+                ).rstrip()
             )
 
     def do_deprecate(self, options: dict[str, Any]) -> None:
