@@ -43,16 +43,16 @@ def sync_code_definitions(
 ) -> dict[tuple[str, int], UpsertOutcome]:
     """Record every code plan as a CODE row; return ``{(id, version): outcome}``.
 
-    ``plans`` defaults to the process catalog after ``autodiscover()`` (every
-    installed app's ``workflows`` module). Each plan is its own registry
+    ``plans`` defaults to the process catalog (every installed app's
+    ``workflows`` module, imported by ``AppConfig.ready()``). Each plan is its own registry
     transaction, so one refused plan (a contract or state-type rule) stops
     the sync with its :class:`WorkflowDefinitionError` after the plans before
     it were recorded. Logs one INFO line per definition.
     """
     if plans is None:
-        from .definitions import autodiscover, catalog
+        # AppConfig.ready() already imported every app's workflows.py
+        from .definitions import catalog
 
-        autodiscover()
         plans = catalog.all()
     outcomes: dict[tuple[str, int], UpsertOutcome] = {}
     for plan in plans:

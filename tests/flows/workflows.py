@@ -179,3 +179,30 @@ class ContextFlow(Workflow[dict]):
         return {**state, "tenant": TENANT.get()}
 
     done = end()
+
+
+GATE_LOCK_KEY = 7_340_001
+
+
+class GatedFlow(Workflow[dict]):
+    """Its action writes a Shipment, then waits on a PostgreSQL advisory lock the test holds.
+
+    Works across processes: the executor's segment blocks inside the database
+    until the test releases the lock, so a test can kill or signal an
+    executor in the middle of a segment.
+    """
+
+    id, version, contract = "gated", 1, "gated.v1"
+
+    @action(start=True, next="done")
+    def pass_gate(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from django.db import connection
+
+        from tests.flows.models import Shipment
+
+        Shipment.objects.create(order_ref=str(ctx.instance_id), created_by_step=ctx.step_id)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [GATE_LOCK_KEY])
+        return {**state, "passed": True}
+
+    done = end()

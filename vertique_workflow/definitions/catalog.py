@@ -72,6 +72,11 @@ class Catalog:
         """Every plan, ordered by id then version."""
         return [self._plans[key] for key in sorted(self._plans)]
 
+    def remove(self, definition_id: str, version: int) -> Plan | None:
+        """Forget one plan (a node that must not run it, e.g. during a rolling deploy test)."""
+        with self._lock:
+            return self._plans.pop((definition_id, version), None)
+
     def clear(self) -> None:
         """Forget every plan (tests; a re-run of ``autodiscover``)."""
         with self._lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +54,12 @@ class Outcome:
     command_id: int
 
 
-def run_head(head: Head, node_id: str) -> Outcome:
-    """Run one claimable head from peek to settlement."""
+def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = None) -> Outcome:
+    """Run one claimable head from peek to settlement.
+
+    ``should_stop`` is asked between the claim and the segment: a process
+    shutting down releases a claim it has not started (attempt restored).
+    """
     plan = None
     if not head.instance_ended:
         plan = resident_plan(head.definition_id, head.definition_version, head.plan_hash)
@@ -74,6 +79,10 @@ def run_head(head: Head, node_id: str) -> Outcome:
         return Outcome("BUSY", head.id)
     if claim.outcome != "CLAIMED":
         return Outcome(claim.outcome, head.id)
+    if should_stop is not None and should_stop():
+        with transaction.atomic(using=db.alias()):
+            commands.release(head.id, claim.token)
+        return Outcome("RELEASED", head.id)
     return run_claimed(head, claim.token, claim.attempts, plan, node_id)
 
 

@@ -18,8 +18,18 @@ T = sql_names()
 RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03", "57014")
 
 
+_alias_override: str | None = None
+
+
 def alias() -> str:
-    return workflow_settings.DATABASE
+    """The database alias of the workflow tables (``DATABASE``, or the executor's --database)."""
+    return _alias_override or workflow_settings.DATABASE
+
+
+def use_alias(name: str | None) -> None:
+    """Process-wide override of the alias (``workflow_executor --database``)."""
+    global _alias_override
+    _alias_override = name
 
 
 def connection() -> Any:

@@ -426,7 +426,7 @@ def _mutation(definition_id: str) -> Iterator[tuple[CursorWrapper, list[_LockedR
 
     Yields the cursor and the id's rows (every scope), locked in key order.
     """
-    alias = workflow_settings.DATABASE
+    alias = db.alias()
     connection = connections[alias]
     outermost = not connection.in_atomic_block
     try:
@@ -626,7 +626,7 @@ def selection_read(start_scope: str, definition_id: str) -> SelectionResult:
     lock_timeout, no writes. What it sees follows the caller's isolation level
     (at READ COMMITTED every activation committed before the read).
     """
-    connection = connections[workflow_settings.DATABASE]
+    connection = connections[db.alias()]
     with connection.cursor() as cursor:
         cursor.execute(SELECTION_READ, [definition_id, start_scope, definition_id, start_scope])
         fetched = cursor.fetchall()
@@ -758,7 +758,7 @@ def admit_pin(
     unusable and must be run again as a whole. The lock_timeout stays set
     for the rest of the caller's transaction.
     """
-    alias = workflow_settings.DATABASE
+    alias = db.alias()
     connection = connections[alias]
     if not connection.in_atomic_block:
         raise transaction.TransactionManagementError(
@@ -808,7 +808,7 @@ def declared_signal_names(
     None (no row, or signals not recorded) means every signal name is admitted.
     Runs on the caller's connection and transaction.
     """
-    connection = connections[workflow_settings.DATABASE]
+    connection = connections[db.alias()]
     with connection.cursor() as cursor:
         cursor.execute(SIGNAL_NAMES, [scope_key, definition_id, version])
         row = cursor.fetchone()
@@ -965,7 +965,7 @@ def list_definitions(
     """Registry rows by optional scope, id and status set, ordered by id, scope,
     version. Never reads document text."""
     status_list = None if statuses is None else sorted(statuses)
-    connection = connections[workflow_settings.DATABASE]
+    connection = connections[db.alias()]
     with connection.cursor() as cursor:
         cursor.execute(
             LIST_DEFINITIONS,
@@ -984,7 +984,7 @@ def list_activations(
     scope: str | None = None, definition_id: str | None = None
 ) -> list[Activation]:
     """Activation records by optional scope and id, ordered by id then scope."""
-    connection = connections[workflow_settings.DATABASE]
+    connection = connections[db.alias()]
     with connection.cursor() as cursor:
         cursor.execute(LIST_ACTIVATIONS, [scope, scope, definition_id, definition_id])
         return [Activation(*row) for row in cursor.fetchall()]

@@ -1,0 +1,1 @@
+"""The execute side: segments, the worker loop, the LISTEN wake-up and the daemon."""

@@ -1,0 +1,111 @@
+"""``manage.py workflow_executor``: run recorded workflow commands.
+
+Run one or more of these processes, on one or more machines, against the
+same database. A node that never runs it only records (start, signal,
+cancel from views); see docs/executor.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+
+from ... import tables
+from ...conf import workflow_settings
+from ...definitions import catalog
+from ...executor.daemon import Executor, ExecutorOptions, startup_report
+from ...registry import ensure_synced
+from ...store import db
+
+LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
+
+
+class Command(BaseCommand):
+    help = "Run recorded workflow commands (woken by LISTEN/NOTIFY, polling as a fallback)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=workflow_settings.EXECUTOR_CONCURRENCY,
+            help="worker threads, each with its own connection",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=int,
+            default=None,
+            metavar="MS",
+            help="fallback poll interval (default POLL_INTERVAL_MS)",
+        )
+        parser.add_argument(
+            "--until-idle",
+            action="store_true",
+            help="exit 0 once the probe says nothing is in flight or claimable",
+        )
+        parser.add_argument(
+            "--max-commands",
+            type=int,
+            default=None,
+            metavar="N",
+            help="stop after handling N commands",
+        )
+        parser.add_argument(
+            "--database",
+            default=None,
+            metavar="ALIAS",
+            help="database alias of the workflow tables (default DATABASE)",
+        )
+        parser.add_argument(
+            "--stats-interval",
+            type=float,
+            default=10.0,
+            metavar="SECONDS",
+            help="seconds between the counters log lines",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if options["max_commands"] is not None and options["max_commands"] < 1:
+            raise CommandError("--max-commands must be at least 1")
+        alias = options["database"] or workflow_settings.DATABASE
+        if alias not in connections:
+            raise CommandError(f"unknown database alias {alias!r}")
+        db.use_alias(alias)
+        self._configure_logging(options["verbosity"])
+        poll_ms = options["poll_interval"] or workflow_settings.POLL_INTERVAL_MS
+        if poll_ms < 1:
+            raise CommandError("--poll-interval must be at least 1 ms")
+        executor_options = ExecutorOptions(
+            concurrency=options["concurrency"],
+            poll_interval=poll_ms / 1000.0,
+            until_idle=options["until_idle"],
+            max_commands=options["max_commands"],
+            database=alias,
+            stats_interval=options["stats_interval"],
+            grace_seconds=float(workflow_settings.SHUTDOWN_GRACE_SECONDS),
+        )
+        ensure_synced()
+        connections[alias].close()
+        logging.getLogger("vertique_workflow.executor").info(
+            startup_report(executor_options, catalog.all(), tables.SCHEMA)
+        )
+        executor = Executor(executor_options)
+        executor.install_signal_handlers()
+        code = executor.run()
+        if code:
+            sys.exit(code)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        logger = logging.getLogger("vertique_workflow")
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(self.stderr._out)
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+            )
+            logger.addHandler(handler)
+        logger.setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))
