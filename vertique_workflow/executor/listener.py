@@ -60,16 +60,10 @@ class CommandListener(threading.Thread):
         self.listening = threading.Event()
         self.notifications = 0
         self.outages = 0
-        self._connection: psycopg.Connection[Any] | None = None
 
     def stop(self) -> None:
+        """Ask the thread to close its connection; it notices within a second."""
         self._stop.set()
-        connection = self._connection
-        if connection is not None:
-            try:
-                connection.close()
-            except Exception:
-                pass
 
     def run(self) -> None:
         degraded = False
@@ -78,7 +72,6 @@ class CommandListener(threading.Thread):
                 with psycopg.connect(
                     autocommit=True, connect_timeout=5, **self._kwargs
                 ) as connection:
-                    self._connection = connection
                     wakeup.listen(connection)
                     self.listening.set()
                     if degraded:
@@ -91,7 +84,6 @@ class CommandListener(threading.Thread):
                             self._wake()
             except psycopg.Error as exc:
                 self.listening.clear()
-                self._connection = None
                 if self._stop.is_set():
                     return
                 if not degraded:
