@@ -12,7 +12,7 @@ from django.db import connection, connections, transaction
 import vertique_workflow as wf
 from tests.flows.workflows import Blocking
 from vertique_workflow import tables
-from vertique_workflow.executor.segment import run_claimed, run_head
+from vertique_workflow.executor.segment import Claimed, run_claimed, run_head
 from vertique_workflow.models import WorkflowCommand, WorkflowHistory
 from vertique_workflow.pins import resident_plan
 from vertique_workflow.store import commands
@@ -77,7 +77,8 @@ def test_fence_refuses_a_stale_token_after_the_lease_moved_on():
     assert run_head(expired_head, "fast").result == "COMPLETED"
 
     plan = resident_plan("order", 1, head.plan_hash)
-    assert run_claimed(head, first.token, first.attempts, plan, "slow").result == "LOST"
+    stale = Claimed(head.id, head.workflow_id, first.token, first.attempts)
+    assert run_claimed(stale, plan, "slow").result == "LOST"
     command = WorkflowCommand.objects.get(pk=head.id)
     assert (command.state, command.claimed_by, command.attempts) == ("COMPLETE", "fast", 2)
     assert (

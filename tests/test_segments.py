@@ -301,7 +301,7 @@ def test_statement_deadline_is_a_transient_retry_that_restores_the_attempt():
     from django.db import transaction
 
     from tests.conftest import connect
-    from vertique_workflow.executor.segment import run_claimed
+    from vertique_workflow.executor.segment import Claimed, run_claimed
     from vertique_workflow.pins import resident_plan
     from vertique_workflow.store import commands
 
@@ -323,7 +323,9 @@ def test_statement_deadline_is_a_transient_retry_that_restores_the_attempt():
             "hashtext(%s::text))",
             [str(ref.id)],
         )
-        outcome = run_claimed(head, claim.token, claim.attempts, plan, "n")
+        outcome = run_claimed(
+            Claimed(head.id, head.workflow_id, claim.token, claim.attempts), plan, "n"
+        )
     assert outcome.result == "RETRIED"
     command = WorkflowCommand.objects.get(workflow_id=ref.id)
     assert (command.state, command.attempts, command.transient_count) == ("PENDING", 0, 1)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from .conf import workflow_settings
-from .executor.segment import default_node_id, run_head
+from .executor.segment import default_node_id, run_head, run_next
 from .registry import ensure_synced
 from .store import commands as command_log
 from .store import probe as reads
@@ -62,11 +62,16 @@ def run_until_idle(
     while len(report.outcomes) < max_commands:
         if time.monotonic() > deadline:
             raise TimeoutError(f"run_until_idle did not reach idle within {timeout} s")
+        outcome = run_next(node_id)
+        if outcome is not None:
+            report.outcomes.append(outcome.result)
+            continue
         heads = command_log.peek(16)
         if heads:
-            for head in heads:
-                report.outcomes.append(run_head(head, node_id).result)
-            continue
+            results = [run_head(head, node_id).result for head in heads]
+            report.outcomes.extend(r for r in results if r != "BUSY")
+            if any(r != "BUSY" for r in results):
+                continue
         idle, _ = reads.idle()
         if not idle:
             time.sleep(0.01)  # another worker's claim is in flight; its lease bounds this

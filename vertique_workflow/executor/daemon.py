@@ -145,24 +145,33 @@ class Executor:
             connections[alias].close()
 
     def _work_once(self, index: int) -> bool:
+        """Run what is claimable now; False when nothing was."""
+        self._busy[index] = True
+        try:
+            outcome = segment.run_next(self.options.node_id, should_stop=self.stopping.is_set)
+        finally:
+            self._busy[index] = False
+        if outcome is not None:
+            self.stats.record(outcome.result)
+            return True
+        # the general path: ended instances, dead letters, deferrals, busy heads
         heads = commands.peek(max(2 * self.options.concurrency, 4))
         if not heads:
             return False
-        # start at a different head per worker so workers do not all race for one
-        offset = index % len(heads)
+        offset = index % len(heads)  # workers start at different heads
         ran = False
         for head in heads[offset:] + heads[:offset]:
             if self.stopping.is_set() or self._budget_spent():
                 break
             self._busy[index] = True
             try:
-                outcome = segment.run_head(
+                result = segment.run_head(
                     head, self.options.node_id, should_stop=self.stopping.is_set
-                )
+                ).result
             finally:
                 self._busy[index] = False
-            if outcome.result != "BUSY":
-                self.stats.record(outcome.result)
+            if result != "BUSY":
+                self.stats.record(result)
                 ran = True
         return ran
 

@@ -1,13 +1,13 @@
 """One command, end to end: claim, segment, settle.
 
-The claim commits in a transaction of its own. The segment then runs in one
-transaction: the execution lock, the fence on the claim token, the instance
-and the plan of its pin, the engine's drive, and every write (instance,
-history, commands, queue) — so a transition, its history and the ORM writes
-of its actions commit or roll back together. Errors take one of three ways:
-a retryable database error returns the command with its attempt restored; an
-exception from workflow code rolls the segment back and returns the command
-after a backoff with its attempt spent (dead-lettered at MAX_ATTEMPTS); a
+The claim commits on its own. The segment then runs in one transaction: the
+execution lock, the fence on the claim token, the instance and the plan of
+its pin, the engine's drive, and every write (instance, history, commands,
+queue) — so a transition, its history and the ORM writes of its actions
+commit or roll back together. Errors take one of three ways: a retryable
+database error returns the command with its attempt restored; an exception
+from workflow code rolls the segment back and returns the command after a
+backoff with its attempt spent (dead-lettered at MAX_ATTEMPTS); a
 ``NonRetryable`` error or a broken plan fails the command and its instance.
 """
 
@@ -24,14 +24,16 @@ from django.db import DatabaseError, transaction
 
 from .. import context
 from ..conf import workflow_settings
-from ..definitions import Plan
+from ..definitions import Plan, catalog
 from ..engine import decision_log
 from ..engine.decision_log import HistoryEntry
 from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, drive
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import resident_plan
-from ..store import commands, db, history, instances
+from ..store import commands, db, history
+from ..store import segment as segment_store
 from ..store.commands import Head
+from ..store.instances import InstanceRow
 
 logger = logging.getLogger("vertique_workflow.executor")
 
@@ -48,17 +50,52 @@ def backoff_seconds(attempt: int) -> float:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What happened to one head: CLAIMED-and-ran, or why not."""
+    """What happened to one command."""
 
-    result: str  # COMPLETED PARKED SETTLED DEAD DEFERRED RETRIED FAILED BUSY LOST
+    result: str  # COMPLETED PARKED SETTLED DEAD DEFERRED RETRIED FAILED RELEASED BUSY LOST
     command_id: int
 
 
-def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = None) -> Outcome:
-    """Run one claimable head from peek to settlement.
+@dataclass(frozen=True)
+class Claimed:
+    """A claim this worker holds: enough to run and settle the command."""
 
-    ``should_stop`` is asked between the claim and the segment: a process
-    shutting down releases a claim it has not started (attempt restored).
+    command_id: int
+    workflow_id: Any
+    token: Any
+    attempts: int
+
+
+def resident_pins() -> list[tuple[str, int, str]]:
+    """(definition id, version, plan hash) of every plan this node can run."""
+    return [(plan.id, plan.version, plan.plan_hash) for plan in catalog.all()]
+
+
+def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Outcome | None:
+    """Claim and run the oldest runnable head in one claim statement; None: nothing claimed."""
+    claimed = commands.claim_next(
+        node_id=node_id,
+        lease_seconds=workflow_settings.LEASE_SECONDS,
+        max_attempts=workflow_settings.MAX_ATTEMPTS,
+        resident=resident_pins(),
+    )
+    if claimed is None:
+        return None
+    claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts)
+    if should_stop is not None and should_stop():
+        commands.release(claim.command_id, claim.token)
+        return Outcome("RELEASED", claim.command_id)
+    plan = resident_plan(claimed.definition_id, claimed.definition_version, claimed.plan_hash)
+    return run_claimed(claim, plan, node_id)
+
+
+def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = None) -> Outcome:
+    """Run one claimable head from peek to settlement (the general path).
+
+    Handles what ``run_next`` leaves: heads of ended instances (settled),
+    heads out of attempts (dead-lettered), heads whose plan this node lacks
+    (deferred). ``should_stop`` is asked between the claim and the segment: a
+    process shutting down releases a claim it has not started.
     """
     plan = None
     if not head.instance_ended:
@@ -80,10 +117,11 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
     if claim.outcome != "CLAIMED":
         return Outcome(claim.outcome, head.id)
     if should_stop is not None and should_stop():
-        with transaction.atomic(using=db.alias()):
-            commands.release(head.id, claim.token)
+        commands.release(head.id, claim.token)
         return Outcome("RELEASED", head.id)
-    return run_claimed(head, claim.token, claim.attempts, plan, node_id)
+    return run_claimed(
+        Claimed(head.id, head.workflow_id, claim.token, claim.attempts), plan, node_id
+    )
 
 
 def _not_runnable(head: Head) -> str:
@@ -93,70 +131,72 @@ def _not_runnable(head: Head) -> str:
     )
 
 
-def run_claimed(head: Head, token: Any, attempts: int, plan: Plan | None, node_id: str) -> Outcome:
+def run_claimed(claim: Claimed, plan: Plan | None, node_id: str) -> Outcome:
+    """Run the segment of a claimed command and settle whatever happens."""
     try:
         with transaction.atomic(using=db.alias()):
-            result = _segment(head, token, plan, node_id)
-        return Outcome(result, head.id)
+            result = _segment(claim, plan, node_id)
+        return Outcome(result, claim.command_id)
     except (NonRetryable, WorkflowDefinitionError) as exc:
-        return _fail(head, token, exc)
+        return _fail(claim, exc)
     except DatabaseError as exc:
         if db.is_retryable(exc):
-            with transaction.atomic(using=db.alias()):
-                commands.retry_transient(
-                    head.id,
-                    token,
-                    backoff_seconds(1),
-                    f"database error {db.sqlstate(exc) or 'unknown'}",
-                )
-            return Outcome("RETRIED", head.id)
-        return _code_error(head, token, attempts, exc)
+            commands.retry_transient(
+                claim.command_id,
+                claim.token,
+                backoff_seconds(1),
+                f"database error {db.sqlstate(exc) or 'unknown'}",
+            )
+            return Outcome("RETRIED", claim.command_id)
+        return _code_error(claim, exc)
     except Exception as exc:  # workflow code raised: the segment rolled back
-        return _code_error(head, token, attempts, exc)
+        return _code_error(claim, exc)
 
 
-def _code_error(head: Head, token: Any, attempts: int, exc: BaseException) -> Outcome:
+def _code_error(claim: Claimed, exc: BaseException) -> Outcome:
     step = getattr(exc, STEP_ATTRIBUTE, None)
     where = f"step {step!r}" if step else "workflow code"
+    maximum = workflow_settings.MAX_ATTEMPTS
     logger.warning(
         "command %s of %s: %s raised (attempt %s of %s)",
-        head.id,
-        head.workflow_id,
+        claim.command_id,
+        claim.workflow_id,
         where,
-        attempts,
-        workflow_settings.MAX_ATTEMPTS,
+        claim.attempts,
+        maximum,
         exc_info=exc,
     )
-    with transaction.atomic(using=db.alias()):
-        commands.retry_after_error(
-            head.id,
-            token,
-            backoff_seconds(attempts),
-            "STEP_FAILED",
-            f"{where} raised an error (attempt {attempts} of {workflow_settings.MAX_ATTEMPTS})",
-        )
-    return Outcome("RETRIED", head.id)
+    commands.retry_after_error(
+        claim.command_id,
+        claim.token,
+        backoff_seconds(claim.attempts),
+        "STEP_FAILED",
+        f"{where} raised an error (attempt {claim.attempts} of {maximum})",
+    )
+    return Outcome("RETRIED", claim.command_id)
 
 
-def _fail(head: Head, token: Any, exc: BaseException) -> Outcome:
+def _fail(claim: Claimed, exc: BaseException) -> Outcome:
     code = "NON_RETRYABLE" if isinstance(exc, NonRetryable) else "DEFINITION_BROKEN"
     message = str(exc)[:1000] or code
     for _ in range(50):
         with transaction.atomic(using=db.alias()):
-            outcome = commands.fail(head.id, token, code, message)
+            outcome = commands.fail(claim.command_id, claim.token, code, message)
         if outcome != "BUSY":
-            return Outcome("FAILED" if outcome == "FAILED" else "LOST", head.id)
-    return Outcome("BUSY", head.id)
+            return Outcome("FAILED" if outcome == "FAILED" else "LOST", claim.command_id)
+    return Outcome("BUSY", claim.command_id)
 
 
-def _segment(head: Head, token: Any, plan: Plan | None, node_id: str) -> str:
-    commands.set_statement_deadline(workflow_settings.SEGMENT_DEADLINE_MS)
-    commands.lock_instance(head.workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
-    command = commands.fence(head.id, token)
-    if command is None:
+def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> str:
+    segment_store.begin(
+        claim.workflow_id,
+        deadline_ms=workflow_settings.SEGMENT_DEADLINE_MS,
+        lock_timeout_ms=workflow_settings.LOCK_TIMEOUT_MS,
+    )
+    loaded = segment_store.fence_and_load(claim.command_id, claim.token)
+    if loaded is None:
         return "LOST"
-    row = instances.get(command.workflow_id)
-    assert row is not None  # the command's foreign key guarantees it
+    command, row = loaded.command, loaded.instance
     if plan is None:
         raise WorkflowDefinitionError(
             "no resident plan for the instance's pin", definition_id=row.definition_id
@@ -192,7 +232,7 @@ def _segment(head: Head, token: Any, plan: Plan | None, node_id: str) -> str:
         **command.actor.history_columns(),
     }
     if not result.applied:
-        commands.park(command.id, token)
+        commands.park(command.id, claim.token)
         history.append(
             row.id,
             [
@@ -208,11 +248,11 @@ def _segment(head: Head, token: Any, plan: Plan | None, node_id: str) -> str:
             **common,
         )
         return "PARKED"
-    entries = _entries(command.kind, row, result, signal_name)
     ended = result.status == "COMPLETED"
-    if not instances.update_after_segment(
-        row.id,
-        expected_version=row.version,
+    if not segment_store.persist(
+        instance=row,
+        command_id=command.id,
+        token=claim.token,
         status=result.status,
         current_step=result.current_step,
         state=result.state,
@@ -220,26 +260,26 @@ def _segment(head: Head, token: Any, plan: Plan | None, node_id: str) -> str:
         error_message=result.error_message,
         ended=ended or result.status == "FAILED",
         subject=command.target if command.kind == "START" else None,
+        entries=_entries(command.kind, row, result, signal_name),
+        common=common,
     ):
         raise _OptimisticConflict()
-    history.append(row.id, entries, **common)
-    if commands.complete(command.id, token) != 1:
-        raise _OptimisticConflict()
-    if ended:
-        commands.settle_ended(row.id, cancelled=False)
-    elif result.status == "WAITING" and result.waiting:
-        commands.requeue_parked(row.id, list(result.waiting))
+    if loaded.has_parked_or_dead:
+        if ended:
+            commands.settle_ended(row.id, cancelled=False)
+        elif result.status == "WAITING" and result.waiting:
+            commands.requeue_parked(row.id, list(result.waiting))
     return "COMPLETED"
 
 
 class _OptimisticConflict(DatabaseError):
-    """The instance or command changed under the execution lock: a bug, retried."""
+    """The instance or command changed under the execution lock: retried as transient."""
 
     sqlstate = "40001"
 
 
 def _entries(
-    kind: str, row: instances.InstanceRow, result: DriveResult, signal_name: str | None
+    kind: str, row: InstanceRow, result: DriveResult, signal_name: str | None
 ) -> list[HistoryEntry]:
     entries: list[HistoryEntry] = []
     if kind == "START":
@@ -251,7 +291,8 @@ def _entries(
         )
         baseline = True
     else:
-        baseline = instances.consume_legacy_baseline(row.id)
+        # an instance converted by 0003 logs one baseline at its first segment
+        baseline = not row.baseline_logged
         entries.append(HistoryEntry("SIGNAL_APPLIED", {"signal": str(signal_name)[:255]}))
     logged, _ = decision_log.decision_entries(
         result.decisions,

@@ -11,6 +11,7 @@ it unchanged.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +36,6 @@ SELECT set_config('lock_timeout', %s, true),
        set_config('lock_timeout', prev.previous, true)
 FROM prev
 """
-
-SET_STATEMENT_DEADLINE = "SELECT set_config('statement_timeout', %s, true)"
 
 TRY_LOCK_INSTANCE = f"""
 SELECT pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text))
@@ -79,6 +78,36 @@ ORDER BY c.available_at, c.id
 LIMIT %s
 """
 
+# The executor's common path in one autocommit statement: pick the oldest
+# claimable head of a live instance whose plan this node holds and that has
+# attempts left (row-locked, skipping heads another worker is taking), take its
+# instance's execution lock without waiting, and claim it. Anything else
+# (ended instances, dead letters, deferrals, a busy lock) is left to the
+# peek path, which settles it.
+CLAIM_NEXT = f"""
+WITH cand AS (
+    SELECT c.id, c.workflow_id
+    FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
+    WHERE {claimable("c")}
+      AND i.status NOT IN {ENDED}
+      AND c.attempts < %(max_attempts)s
+      AND (i.definition_id, i.definition_version, i.plan_hash) IN (
+          SELECT * FROM unnest(%(ids)s::text[], %(versions)s::int[], %(hashes)s::text[]))
+    ORDER BY c.available_at, c.id
+    LIMIT 1
+    FOR UPDATE OF c SKIP LOCKED
+)
+UPDATE {T["commands"]} c
+SET state = 'CLAIMED', attempts = c.attempts + 1, claim_token = gen_random_uuid(),
+    lease_until = now() + make_interval(secs => %(lease)s), claimed_by = %(node)s
+FROM cand
+WHERE c.id = cand.id
+  AND pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(cand.workflow_id::text))
+RETURNING c.id, c.workflow_id, c.seq, c.kind, c.claim_token, c.attempts,
+          (SELECT ARRAY[i.definition_id, i.definition_version::text, i.plan_hash]
+           FROM {T["instances"]} i WHERE i.id = c.workflow_id)
+"""
+
 CLAIM_READ = f"""
 SELECT c.id, c.workflow_id, c.seq, c.kind, c.attempts, c.target_json, c.task_id,
        c.actor_kind, c.actor_id, c.actor_reason, c.on_behalf_of, c.attribution_status,
@@ -113,35 +142,6 @@ WITH settled AS (
       AND %(was_open)s
 )
 SELECT kind FROM settled
-"""
-
-FENCE = f"""
-SELECT c.id, c.workflow_id, c.seq, c.kind, c.payload_json, c.target_json, c.dedup_key,
-       c.context_json, c.explicit_carrier_json, c.actor_kind, c.actor_id, c.actor_reason,
-       c.on_behalf_of, c.attribution_status, c.attempts, c.claimed_by, c.timer_kind,
-       c.timer_id, c.task_id
-FROM {T["commands"]} c
-WHERE c.id = %s AND c.state = 'CLAIMED' AND c.claim_token = %s
-  AND NOT EXISTS (
-      SELECT 1 FROM {T["commands"]} b
-      WHERE b.workflow_id = c.workflow_id AND b.seq < c.seq
-        AND b.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-        AND NOT (b.kind = 'TIMER' AND b.fire_at > now()))
-FOR UPDATE
-"""
-
-COMPLETE = f"""
-WITH done AS (
-    UPDATE {T["commands"]}
-    SET state = 'COMPLETE', claim_token = NULL, lease_until = NULL, settled_at = now(),
-        last_error = NULL
-    WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
-    RETURNING workflow_id, kind
-), lowered AS (
-    UPDATE {T["command_queues"]} q SET open_signals = GREATEST(q.open_signals - 1, 0)
-    FROM done WHERE q.workflow_id = done.workflow_id AND done.kind = 'SIGNAL'
-)
-SELECT count(*) FROM done
 """
 
 PARK = f"""
@@ -352,11 +352,6 @@ def lock_instance(workflow_id: Any, lock_timeout_ms: int) -> None:
     db.fetchone(LOCK_INSTANCE, (f"{int(lock_timeout_ms)}ms", str(workflow_id)))
 
 
-def set_statement_deadline(milliseconds: int) -> None:
-    """Bound every later statement of this transaction (a segment's deadline)."""
-    db.fetchone(SET_STATEMENT_DEADLINE, (f"{int(milliseconds)}ms",))
-
-
 def try_lock_instance(workflow_id: Any) -> bool:
     row = db.fetchone(TRY_LOCK_INSTANCE, (str(workflow_id),))
     return bool(row and row[0])
@@ -499,6 +494,54 @@ def claim(
     return Claim("CLAIMED", cid, claimed[0], claimed[1])
 
 
+@dataclass(frozen=True)
+class ClaimedCommand:
+    """A command claimed by :func:`claim_next`, with its instance's pin."""
+
+    id: int
+    workflow_id: Any
+    seq: int
+    kind: str
+    token: Any
+    attempts: int
+    definition_id: str
+    definition_version: int
+    plan_hash: str
+
+
+def claim_next(
+    *,
+    node_id: str,
+    lease_seconds: float,
+    max_attempts: int,
+    resident: Sequence[tuple[str, int, str]],
+) -> ClaimedCommand | None:
+    """Claim the oldest runnable head in one autocommit statement (None: use the peek path).
+
+    ``resident`` lists the (definition id, version, plan hash) this node can run.
+    Must run outside a transaction so the statement commits (and releases the
+    execution lock it tried) on its own.
+    """
+    if not resident:
+        return None
+    ids, versions, hashes = (list(column) for column in zip(*resident, strict=True))
+    row = db.fetchone(
+        CLAIM_NEXT,
+        {
+            "max_attempts": max_attempts,
+            "ids": ids,
+            "versions": versions,
+            "hashes": hashes,
+            "lease": lease_seconds,
+            "node": node_id,
+        },
+    )
+    if row is None:
+        return None
+    cid, wf, seq, kind, token, attempts, pin = row
+    return ClaimedCommand(cid, wf, seq, kind, token, attempts, pin[0], int(pin[1]), pin[2])
+
+
 def _command_payload(
     command_id: int, seq: int, kind: str, target: Any, reason: str | None
 ) -> dict[str, Any]:
@@ -508,56 +551,6 @@ def _command_payload(
     if reason:
         payload["reason"] = reason
     return payload
-
-
-def fence(command_id: int, token: Any) -> FencedCommand | None:
-    """Lock the claimed command in the segment; None when the claim was lost."""
-    row = db.fetchone(FENCE, (command_id, token))
-    if row is None:
-        return None
-    (
-        cid,
-        wf,
-        seq,
-        kind,
-        payload,
-        target,
-        dedup_key,
-        context,
-        carrier,
-        a_kind,
-        a_id,
-        a_reason,
-        a_obo,
-        a_status,
-        attempts,
-        claimed_by,
-        timer_kind,
-        timer_id,
-        task_id,
-    ) = row
-    return FencedCommand(
-        cid,
-        wf,
-        seq,
-        kind,
-        db.load_json(payload),
-        db.load_json(target),
-        dedup_key,
-        db.load_json(context),
-        db.load_json(carrier),
-        actor_from_row(a_kind, a_id, a_reason, a_obo, a_status),
-        attempts,
-        claimed_by,
-        timer_kind,
-        timer_id,
-        task_id,
-    )
-
-
-def complete(command_id: int, token: Any) -> int:
-    row = db.fetchone(COMPLETE, (command_id, token))
-    return int(row[0]) if row else 0
 
 
 def park(command_id: int, token: Any) -> int:

@@ -11,7 +11,15 @@ from . import db
 
 T = db.T
 
-_COLUMNS = (
+# Columns an appended entry fills (workflow_id and sequence come from the statement).
+HISTORY_COLUMNS = (
+    "event_type, payload_json, step_id, outcome, patch_json, entry_version, "
+    "state_version_before, state_version_after, executor_id, command_id, "
+    "definition_scope_key, definition_id, definition_version, plan_hash, actor_kind, "
+    "actor_id, actor_reason, on_behalf_of, attribution_status"
+)
+
+HISTORY_RECORDSET = (
     "event_type text, payload_json jsonb, step_id text, outcome text, patch_json jsonb, "
     "entry_version smallint, state_version_before bigint, state_version_after bigint, "
     "executor_id text, command_id bigint, definition_scope_key text, definition_id text, "
@@ -19,20 +27,18 @@ _COLUMNS = (
     "on_behalf_of text, attribution_status text, ord int"
 )
 
+HISTORY_SELECTED = ", ".join(
+    "COALESCE(e.entry_version, 1)" if column == "entry_version" else f"e.{column}"
+    for column in HISTORY_COLUMNS.split(", ")
+)
+
 # One statement appends any number of entries: the caller holds the execution
 # lock, so MAX(sequence) + n is the next dense sequence.
 APPEND = f"""
-INSERT INTO {T["history"]} (workflow_id, sequence, event_type, payload_json, step_id, outcome,
-    patch_json, entry_version, state_version_before, state_version_after, executor_id,
-    command_id, definition_scope_key, definition_id, definition_version, plan_hash,
-    actor_kind, actor_id, actor_reason, on_behalf_of, attribution_status)
-SELECT %s, base.s + e.ord, e.event_type, e.payload_json, e.step_id, e.outcome, e.patch_json,
-       COALESCE(e.entry_version, 1), e.state_version_before, e.state_version_after,
-       e.executor_id, e.command_id, e.definition_scope_key, e.definition_id,
-       e.definition_version, e.plan_hash, e.actor_kind, e.actor_id, e.actor_reason,
-       e.on_behalf_of, e.attribution_status
+INSERT INTO {T["history"]} (workflow_id, sequence, {HISTORY_COLUMNS})
+SELECT %s, base.s + e.ord, {HISTORY_SELECTED}
 FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]} WHERE workflow_id = %s) base,
-     jsonb_to_recordset(%s::jsonb) AS e({_COLUMNS})
+     jsonb_to_recordset(%s::jsonb) AS e({HISTORY_RECORDSET})
 """
 
 DECISION_LOG = f"""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,20 +24,6 @@ SELECT id, definition_id, definition_version, plan_hash, status, current_step_id
        business_key, subject_json, metadata, version, error_type, error_message, created_at,
        updated_at, completed_at, archived_at, scope_key, definition_scope_key, baseline_logged
 FROM {T["instances"]} WHERE id = %s
-"""
-
-# Optimistic: the row must still have the version the segment read.
-UPDATE_AFTER_SEGMENT = f"""
-UPDATE {T["instances"]}
-SET status = %s, current_step_id = %s, state_json = %s::jsonb, version = version + 1,
-    error_type = %s, error_message = %s, subject_json = COALESCE(%s::jsonb, subject_json),
-    updated_at = now(),
-    completed_at = CASE WHEN %s THEN now() ELSE completed_at END
-WHERE id = %s AND version = %s
-"""
-
-CONSUME_BASELINE = f"""
-UPDATE {T["instances"]} SET baseline_logged = TRUE WHERE id = %s AND baseline_logged = FALSE
 """
 
 MARK_FAILED = f"""
@@ -116,46 +103,15 @@ def insert_pending(
 
 def get(instance_id: Any) -> InstanceRow | None:
     row = db.fetchone(SELECT, (instance_id,))
-    if row is None:
-        return None
+    return None if row is None else row_from_values(row)
+
+
+def row_from_values(row: Sequence[Any]) -> InstanceRow:
+    """An InstanceRow from the columns of SELECT, in its order (jsonb decoded)."""
     values = list(row)
     for index in _JSON_COLUMNS:
         values[index] = db.load_json(values[index])
     return InstanceRow(*values)
-
-
-def update_after_segment(
-    instance_id: Any,
-    *,
-    expected_version: int,
-    status: str,
-    current_step: str | None,
-    state: Any,
-    error_type: str | None,
-    error_message: str | None,
-    ended: bool,
-    subject: Any = None,
-) -> bool:
-    count = db.execute(
-        UPDATE_AFTER_SEGMENT,
-        (
-            status,
-            current_step,
-            json.dumps(state),
-            error_type,
-            error_message,
-            None if subject is None else json.dumps(subject),
-            ended,
-            instance_id,
-            expected_version,
-        ),
-    )
-    return count == 1
-
-
-def consume_legacy_baseline(instance_id: Any) -> bool:
-    """True once for an instance converted by 0003: its first segment logs a baseline."""
-    return db.execute(CONSUME_BASELINE, (instance_id,)) == 1
 
 
 def mark_failed(instance_id: Any, error_type: str, message: str) -> bool:

@@ -1,0 +1,331 @@
+"""Executor benchmark: figures and ratios against the same server's commit-rate limit.
+
+    python scripts/with_postgres.py -- python -m benchmarks.executor_benchmark [--instances N]
+
+Against one PostgreSQL (the throwaway one above, or DATABASE_URL), in one run:
+
+1. the commit-rate limit: single-row INSERT transactions from 4 client connections;
+2. executor throughput, instances/s: a 3-action workflow start → COMPLETED, and
+   start → wait → signal → COMPLETED, with 1 and 2 processes x 1/4/8 threads
+   (the instances are recorded first; the clock runs while executors drain them);
+3. latency from a committed signal to its applied segment on an idle executor
+   (p50, p99; both ends read from the database clock);
+4. peak RSS of an executor process (VmHWM);
+5. statements and commits per instance (pg_stat_statements, pg_stat_database).
+
+Each figure is printed with the ratio of instance throughput to the commit limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+
+import psycopg  # noqa: E402
+
+ADMIN_URL = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1/postgres"
+
+
+def admin_url() -> str:
+    return ADMIN_URL
+
+
+def url_for(dbname: str) -> str:
+    base = admin_url().rsplit("/", 1)[0]
+    return f"{base}/{dbname}"
+
+
+def commit_rate(url: str, seconds: float = 5.0, clients: int = 4) -> float:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_commit_rate")
+        conn.execute("CREATE TABLE bench_commit_rate (id bigserial PRIMARY KEY, v int)")
+    counts = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def client(index: int) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            while time.monotonic() < stop:
+                conn.execute("INSERT INTO bench_commit_rate (v) VALUES (1)")
+                counts[index] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / (time.monotonic() - started)
+
+
+def manage(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "django", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+
+class Counters:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def read(self) -> tuple[int, int]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            calls = conn.execute(
+                "SELECT COALESCE(sum(calls), 0) FROM pg_stat_statements "
+                "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()[0]
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            commits = conn.execute(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()[0]
+        return int(calls), int(commits)
+
+
+def peak_rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def active_span(url: str) -> float:
+    """Seconds from the first claim to the last settlement (database clock).
+
+    Process start-up (Django setup, definition sync) is excluded: the figure
+    is what the executors sustain once running.
+    """
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT extract(epoch FROM max(h.created_at) - min(h.created_at)) "
+            "FROM workflow_history h WHERE h.event_type IN "
+            "('WORKFLOW_STARTED', 'SIGNAL_APPLIED', 'WORKFLOW_COMPLETED')"
+        ).fetchone()
+    return float(row[0] or 0.0)
+
+
+def signal_span(url: str) -> float:
+    """Both executor phases of the signal workflow, without the recording between them."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT extract(epoch FROM "
+            "  (max(created_at) FILTER (WHERE event_type = 'WORKFLOW_STARTED') "
+            "   - min(created_at) FILTER (WHERE event_type = 'WORKFLOW_STARTED')) "
+            "+ (max(created_at) FILTER (WHERE event_type = 'WORKFLOW_COMPLETED') "
+            "   - min(created_at) FILTER (WHERE event_type = 'SIGNAL_APPLIED')))"
+            "FROM workflow_history"
+        ).fetchone()
+    return float(row[0] or 0.0)
+
+
+def run_executors(url: str, processes: int, threads: int) -> tuple[float, int]:
+    """Drain everything with --until-idle executors; returns (wall seconds, peak RSS kB)."""
+    env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT))
+    started = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "django",
+                "workflow_executor",
+                "--until-idle",
+                "-v",
+                "0",
+                "--concurrency",
+                str(threads),
+                "--poll-interval",
+                "100",
+                "--stats-interval",
+                "3600",
+            ],
+            cwd=ROOT,
+            env=env,
+        )
+        for _ in range(processes)
+    ]
+    peak = 0
+    while any(p.poll() is None for p in procs):
+        for p in procs:
+            peak = max(peak, peak_rss_kb(p.pid))
+        time.sleep(0.02)
+    elapsed = time.monotonic() - started
+    if any(p.returncode for p in procs):
+        raise SystemExit("an executor failed")
+    return elapsed, peak
+
+
+def record(kind: str, count: int) -> None:
+    import django
+
+    django.setup()
+    from django.db import transaction
+
+    import vertique_workflow as wf
+
+    definition = "bench-three-actions" if kind == "three" else "bench-signal"
+    batch = str(uuid.uuid4())
+    with transaction.atomic():
+        for i in range(count):
+            wf.start(definition, {}, idempotency_key=f"{batch}-{i}")
+
+
+def record_signals() -> int:
+    import vertique_workflow as wf
+    from vertique_workflow.models import WorkflowInstance
+
+    ids = list(WorkflowInstance.objects.filter(status="WAITING").values_list("id", flat=True))
+    from django.db import transaction
+
+    with transaction.atomic():
+        for instance_id in ids:
+            wf.signal(instance_id, "go", None, dedup_key="go")
+    return len(ids)
+
+
+def reset_instances() -> None:
+    from vertique_workflow.testing import flush_workflow_tables
+
+    flush_workflow_tables()
+
+
+def latency(url: str, samples: int) -> list[float]:
+    """Signal → applied on an idle executor, from the database clock."""
+    import vertique_workflow as wf
+    from vertique_workflow.models import WorkflowCommand, WorkflowHistory
+
+    record("signal", samples)
+    env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "workflow_executor",
+            "-v",
+            "0",
+            "--concurrency",
+            "2",
+            "--poll-interval",
+            "60000",
+            "--stats-interval",
+            "3600",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        from vertique_workflow.models import WorkflowInstance
+
+        while WorkflowInstance.objects.filter(status="WAITING").count() < samples:
+            time.sleep(0.05)
+        ids = list(WorkflowInstance.objects.filter(status="WAITING").values_list("id", flat=True))
+        for instance_id in ids:
+            wf.signal(instance_id, "go", None, dedup_key="lat")
+            while not WorkflowInstance.objects.filter(pk=instance_id, status="COMPLETED").exists():
+                time.sleep(0.0005)
+        values = []
+        for instance_id in ids:
+            command = WorkflowCommand.objects.get(workflow_id=instance_id, kind="SIGNAL")
+            applied = WorkflowHistory.objects.get(
+                workflow_id=instance_id, event_type="SIGNAL_APPLIED"
+            )
+            values.append((applied.created_at - command.recorded_at).total_seconds() * 1000)
+        return values
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--instances", type=int, default=2000)
+    parser.add_argument("--latency-samples", type=int, default=200)
+    parser.add_argument("--threads", default="1,4,8")
+    parser.add_argument("--processes", default="1,2")
+    args = parser.parse_args()
+
+    dbname = f"vw_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    url = url_for(dbname)
+    os.environ["DATABASE_URL"] = url
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        manage(url, "migrate", "-v", "0")
+        limit = commit_rate(url)
+        print(f"commit-rate limit (4 clients, single-row INSERT): {limit:,.0f} commits/s")
+        import django
+
+        django.setup()
+        counters = Counters(url)
+        results = []
+        for kind in ("three", "signal"):
+            for processes in map(int, args.processes.split(",")):
+                for threads in map(int, args.threads.split(",")):
+                    reset_instances()
+                    record(kind, args.instances)
+                    calls0, commits0 = counters.read()
+                    wall, rss = run_executors(url, processes, threads)
+                    span = active_span(url)
+                    if kind == "signal":
+                        record_signals()
+                        more, rss2 = run_executors(url, processes, threads)
+                        wall += more
+                        rss = max(rss, rss2)
+                    calls1, commits1 = counters.read()
+                    seconds = span if kind == "three" else signal_span(url)
+                    rate = args.instances / seconds
+                    statements = (calls1 - calls0) / args.instances
+                    commits = (commits1 - commits0) / args.instances
+                    results.append((kind, processes, threads, rate, rss, statements, commits))
+                    print(
+                        f"{'3-action' if kind == 'three' else 'signal  '} "
+                        f"{processes}p x {threads}t: {rate:7.0f} instances/s "
+                        f"(wall incl. process start {args.instances / wall:5.0f}/s) "
+                        f"(ratio to commit limit {rate / limit:.3f}); peak RSS "
+                        f"{rss / 1024:.0f} MB; executor statements/instance "
+                        f"{statements:.1f}, commits/instance {commits:.2f}"
+                    )
+        reset_instances()
+        values = sorted(latency(url, args.latency_samples))
+        p50 = statistics.median(values)
+        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+        print(
+            f"signal committed → applied (idle executor, {len(values)} samples): "
+            f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+        )
+        best = max(r[3] for r in results if r[0] == "three" and r[1] == 1)
+        print(
+            f"best 3-action single-process throughput: {best:.0f}/s = "
+            f"{best / limit:.3f} x commit limit (target 0.05)"
+        )
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(admin_url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

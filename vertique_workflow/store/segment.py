@@ -1,0 +1,188 @@
+"""The segment's statements, combined so a segment costs few round trips.
+
+A segment is one transaction: (1) its deadline and the execution lock in one
+statement, (2) the fence on the claim token together with the instance row,
+(3) every write of the transition — the instance (optimistic version), the
+history entries and the command's completion with the open-signal counter —
+in one statement of data-modifying CTEs, in the lock order instances →
+command queues. Each piece keeps the rule of its table family (see
+``commands.py``, ``instances.py``, ``history.py``); this module only joins
+them into fewer statements.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.decision_log import HistoryEntry
+from . import db
+from .commands import EXECUTION_LOCK_NAMESPACE, FencedCommand, actor_from_row
+from .history import HISTORY_COLUMNS, HISTORY_RECORDSET, HISTORY_SELECTED, entry_row
+from .instances import InstanceRow, row_from_values
+
+T = db.T
+
+# statement_timeout bounds the rest of the transaction; lock_timeout applies to
+# this one lock wait only and is restored in the same statement.
+BEGIN_SEGMENT = f"""
+WITH prev AS (SELECT current_setting('lock_timeout') AS previous)
+SELECT set_config('statement_timeout', %s, true),
+       set_config('lock_timeout', %s, true),
+       pg_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text)),
+       set_config('lock_timeout', prev.previous, true)
+FROM prev
+"""
+
+FENCE_AND_LOAD = f"""
+SELECT c.id, c.workflow_id, c.seq, c.kind, c.payload_json, c.target_json, c.dedup_key,
+       c.context_json, c.explicit_carrier_json, c.actor_kind, c.actor_id, c.actor_reason,
+       c.on_behalf_of, c.attribution_status, c.attempts, c.claimed_by, c.timer_kind,
+       c.timer_id, c.task_id,
+       i.id, i.definition_id, i.definition_version, i.plan_hash, i.status, i.current_step_id,
+       i.state_json, i.business_key, i.subject_json, i.metadata, i.version, i.error_type,
+       i.error_message, i.created_at, i.updated_at, i.completed_at, i.archived_at, i.scope_key,
+       i.definition_scope_key, i.baseline_logged,
+       EXISTS (SELECT 1 FROM {T["commands"]} p
+               WHERE p.workflow_id = c.workflow_id AND p.state IN ('PARKED', 'DEAD'))
+FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
+WHERE c.id = %s AND c.state = 'CLAIMED' AND c.claim_token = %s
+  AND NOT EXISTS (
+      SELECT 1 FROM {T["commands"]} b
+      WHERE b.workflow_id = c.workflow_id AND b.seq < c.seq
+        AND b.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+        AND NOT (b.kind = 'TIMER' AND b.fire_at > now()))
+FOR UPDATE OF c
+"""
+
+PERSIST = f"""
+WITH inst AS (
+    UPDATE {T["instances"]}
+    SET status = %(status)s, current_step_id = %(step)s, state_json = %(state)s::jsonb,
+        version = version + 1, error_type = %(error_type)s, error_message = %(error_message)s,
+        subject_json = COALESCE(%(subject)s::jsonb, subject_json), updated_at = now(),
+        completed_at = CASE WHEN %(ended)s THEN now() ELSE completed_at END,
+        baseline_logged = TRUE
+    WHERE id = %(wf)s AND version = %(version)s
+    RETURNING id
+), hist AS (
+    INSERT INTO {T["history"]} (workflow_id, sequence, {HISTORY_COLUMNS})
+    SELECT %(wf)s, base.s + e.ord, {HISTORY_SELECTED}
+    FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]}
+          WHERE workflow_id = %(wf)s) base,
+         jsonb_to_recordset(%(entries)s::jsonb) AS e({HISTORY_RECORDSET})
+    WHERE EXISTS (SELECT 1 FROM inst)
+    RETURNING 1
+), done AS (
+    UPDATE {T["commands"]}
+    SET state = 'COMPLETE', claim_token = NULL, lease_until = NULL, settled_at = now(),
+        last_error = NULL
+    WHERE id = %(command)s AND state = 'CLAIMED' AND claim_token = %(token)s
+      AND EXISTS (SELECT 1 FROM inst)
+    RETURNING workflow_id, kind
+), lowered AS (
+    UPDATE {T["command_queues"]} q SET open_signals = GREATEST(q.open_signals - 1, 0)
+    FROM done WHERE q.workflow_id = done.workflow_id AND done.kind = 'SIGNAL'
+)
+SELECT (SELECT count(*) FROM inst), (SELECT count(*) FROM done), (SELECT count(*) FROM hist)
+"""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    command: FencedCommand
+    instance: InstanceRow
+    has_parked_or_dead: bool
+
+
+def begin(workflow_id: Any, *, deadline_ms: int, lock_timeout_ms: int) -> None:
+    db.fetchone(
+        BEGIN_SEGMENT, (f"{int(deadline_ms)}ms", f"{int(lock_timeout_ms)}ms", str(workflow_id))
+    )
+
+
+def fence_and_load(command_id: int, token: Any) -> Loaded | None:
+    """The fenced command and its instance; None when the claim was lost."""
+    row = db.fetchone(FENCE_AND_LOAD, (command_id, token))
+    if row is None:
+        return None
+    (
+        cid,
+        wf,
+        seq,
+        kind,
+        payload,
+        target,
+        dedup_key,
+        context,
+        carrier,
+        a_kind,
+        a_id,
+        a_reason,
+        a_obo,
+        a_status,
+        attempts,
+        claimed_by,
+        timer_kind,
+        timer_id,
+        task_id,
+    ) = row[:19]
+    command = FencedCommand(
+        cid,
+        wf,
+        seq,
+        kind,
+        db.load_json(payload),
+        db.load_json(target),
+        dedup_key,
+        db.load_json(context),
+        db.load_json(carrier),
+        actor_from_row(a_kind, a_id, a_reason, a_obo, a_status),
+        attempts,
+        claimed_by,
+        timer_kind,
+        timer_id,
+        task_id,
+    )
+    return Loaded(command, row_from_values(row[19:39]), bool(row[39]))
+
+
+def persist(
+    *,
+    instance: InstanceRow,
+    command_id: int,
+    token: Any,
+    status: str,
+    current_step: str | None,
+    state: Any,
+    error_type: str | None,
+    error_message: str | None,
+    ended: bool,
+    subject: Any,
+    entries: Sequence[HistoryEntry],
+    common: dict[str, Any],
+) -> bool:
+    """Write the transition; False when the instance or the command changed (a bug)."""
+    rows = [
+        dict(entry_row(entry, common), ord=index) for index, entry in enumerate(entries, start=1)
+    ]
+    result = db.fetchone(
+        PERSIST,
+        {
+            "wf": instance.id,
+            "version": instance.version,
+            "status": status,
+            "step": current_step,
+            "state": json.dumps(state),
+            "error_type": error_type,
+            "error_message": error_message,
+            "subject": None if subject is None else json.dumps(subject),
+            "ended": ended,
+            "entries": json.dumps(rows, default=str),
+            "command": command_id,
+            "token": token,
+        },
+    )
+    return result is not None and result[0] == 1 and result[1] == 1
