@@ -525,8 +525,7 @@ def claim_next(
     if not resident:
         return None
     ids, versions, hashes = (list(column) for column in zip(*resident, strict=True))
-    row = db.fetchone(
-        CLAIM_NEXT,
+    row = db.fetchone_prepared(CLAIM_NEXT,
         {
             "max_attempts": max_attempts,
             "ids": ids,

@@ -48,6 +48,23 @@ def fetchone(sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         return cur.fetchone()
 
 
+def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
+    """``fetchone`` for the executor's hot statements: server-side binding, prepared once.
+
+    Django's cursors bind on the client, so PostgreSQL parses and plans every
+    statement again; the large claim and segment statements cost more to plan
+    than to run. This runs on the same connection (and transaction) through a
+    psycopg server-side-binding cursor and asks PostgreSQL to keep the plan.
+    """
+    import psycopg
+
+    wrapper = connection()
+    wrapper.ensure_connection()
+    with psycopg.Cursor(wrapper.connection) as cur:
+        cur.execute(sql, params, prepare=True)
+        return cur.fetchone()
+
+
 def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     with cursor() as cur:
         cur.execute(sql, params)

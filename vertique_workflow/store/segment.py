@@ -98,14 +98,13 @@ class Loaded:
 
 
 def begin(workflow_id: Any, *, deadline_ms: int, lock_timeout_ms: int) -> None:
-    db.fetchone(
-        BEGIN_SEGMENT, (f"{int(deadline_ms)}ms", f"{int(lock_timeout_ms)}ms", str(workflow_id))
+    db.fetchone_prepared(BEGIN_SEGMENT, (f"{int(deadline_ms)}ms", f"{int(lock_timeout_ms)}ms", str(workflow_id))
     )
 
 
 def fence_and_load(command_id: int, token: Any) -> Loaded | None:
     """The fenced command and its instance; None when the claim was lost."""
-    row = db.fetchone(FENCE_AND_LOAD, (command_id, token))
+    row = db.fetchone_prepared(FENCE_AND_LOAD, (command_id, token))
     if row is None:
         return None
     (
@@ -168,8 +167,7 @@ def persist(
     rows = [
         dict(entry_row(entry, common), ord=index) for index, entry in enumerate(entries, start=1)
     ]
-    result = db.fetchone(
-        PERSIST,
+    result = db.fetchone_prepared(PERSIST,
         {
             "wf": instance.id,
             "version": instance.version,
