@@ -1,8 +1,9 @@
-"""URLs of the example project: the Django admin."""
+"""URLs of the example project: the expenses demo at / and the Django admin."""
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("", include("expenses.urls")),
 ]

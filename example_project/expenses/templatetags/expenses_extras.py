@@ -1,0 +1,14 @@
+import json
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def tojson(value: Any) -> str:
+    """Compact JSON for a table cell (autoescaped by the template)."""
+    if value is None:
+        return ""
+    return json.dumps(value, sort_keys=True, default=str)
