@@ -203,6 +203,9 @@ class WorkflowHistory(models.Model):
             models.UniqueConstraint(fields=["workflow", "sequence"], name="wf_history_wf_seq_uniq"),
         ]
 
+    def __str__(self) -> str:
+        return f"#{self.sequence} {self.event_type}"
+
 
 class WorkflowDedup(models.Model):
     """Idempotency and signal deduplication keys."""
@@ -255,6 +258,9 @@ class WorkflowTimer(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.purpose} timer at {self.fire_at:%Y-%m-%d %H:%M:%S} ({self.status})"
+
 
 class WorkflowTask(models.Model):
     """A human task opened by a task step."""
@@ -294,6 +300,9 @@ class WorkflowTask(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
 
 class WorkflowBranchToken(models.Model):
     """Active branch execution state of a fork."""
@@ -317,6 +326,9 @@ class WorkflowBranchToken(models.Model):
         indexes = [
             models.Index(fields=["workflow_id", "fork_step_id"], name="wf_branch_workflow_idx")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.fork_step_id}/{self.branch_id} ({self.status})"
 
 
 class WorkflowJoinState(models.Model):
@@ -493,6 +505,9 @@ class WorkflowCommand(models.Model):
         ]
         triggers = [CommandNotifyTrigger()]
 
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.seq} ({self.state})"
+
 
 class WorkflowCommandQueue(models.Model):
     """Per-instance next command sequence and open-signal counter."""
@@ -511,3 +526,6 @@ class WorkflowCommandQueue(models.Model):
     class Meta:
         db_table = tables.qualified(tables.COMMAND_QUEUES)
         verbose_name = "workflow command queue"
+
+    def __str__(self) -> str:
+        return f"queue of {self.workflow_id} (next {self.next_seq})"

@@ -2,11 +2,13 @@
 
 ``run_until_idle()`` is the test harness DBOS and Temporal users expect: start
 or signal a workflow in a test, call it, and assert on the result. It runs
-commands on the calling thread (the test's own connection), so it must see
-committed work: use it with ``transaction=True`` tests (pytest-django) or
-``TransactionTestCase``, or inside the same transaction when the commands
-were recorded by that transaction (the default ``django_db`` case works too:
-every read and write happens on the one connection).
+commands on the calling thread, on the test's own connection.
+
+Prefer transactional tests (``@pytest.mark.django_db(transaction=True)``,
+``TransactionTestCase``). In a test wrapped in one transaction (plain
+``django_db`` / ``TestCase``) PostgreSQL's ``now()`` stands still, so starts
+and signals run, but a retry backoff never elapses: a failing step cannot be
+retried there (``run_until_idle`` then raises ``TimeoutError``).
 """
 
 from __future__ import annotations

@@ -37,6 +37,11 @@ from ..store.instances import InstanceRow
 
 logger = logging.getLogger("vertique_workflow.executor")
 
+# The command kinds this release's engine runs. Others (TIMER and RETRY
+# commands converted by migration 0003, COMPLETION, MIGRATION) are deferred
+# like a plan this node lacks, never failed: a release that runs them will.
+SUPPORTED_KINDS = ("START", "SIGNAL")
+
 
 def default_node_id() -> str:
     return workflow_settings.NODE_ID or f"{socket.gethostname()}:{os.getpid()}"
@@ -100,9 +105,14 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
     plan = None
     if not head.instance_ended:
         plan = resident_plan(head.definition_id, head.definition_version, head.plan_hash)
+        reason = None
         if plan is None:
+            reason = _not_runnable(head)
+        elif head.kind not in SUPPORTED_KINDS:
+            reason = f"this release does not run {head.kind} commands yet"
+        if reason is not None:
             with transaction.atomic(using=db.alias()):
-                count = commands.defer(head.id, head, _not_runnable(head))
+                count = commands.defer(head.id, head, reason)
             return Outcome("DEFERRED" if count else "BUSY", head.id)
     with transaction.atomic(using=db.alias()):
         claim = commands.claim(

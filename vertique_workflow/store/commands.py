@@ -42,6 +42,9 @@ SELECT pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text))
 """
 
 # Allocate the next queue position and insert the command in one statement.
+# recorded_at is the clock at the insert; available_at the transaction's start
+# (never later than the commit), so a command is claimable as soon as it is
+# visible, even to a reader whose transaction began before the recording's.
 INSERT_COMMAND = f"""
 WITH q AS (
     INSERT INTO {T["command_queues"]} AS cq (workflow_id, next_seq) VALUES (%(wf)s, 2)
@@ -54,7 +57,7 @@ INSERT INTO {T["commands"]} (workflow_id, seq, kind, state, payload_json, dedup_
 SELECT %(wf)s, q.seq, %(kind)s, 'PENDING', %(payload)s::jsonb, %(dedup_key)s,
        %(target)s::jsonb, %(context)s::jsonb, %(carrier)s::jsonb, %(actor_kind)s, %(actor_id)s,
        %(actor_reason)s, %(on_behalf_of)s, %(attribution_status)s,
-       clock_timestamp(), clock_timestamp()
+       clock_timestamp(), now()
 FROM q
 RETURNING id, seq
 """
@@ -91,9 +94,10 @@ WITH cand AS (
     WHERE {claimable("c")}
       AND i.status NOT IN {ENDED}
       AND c.attempts < %(max_attempts)s
+      AND c.kind = ANY(%(kinds)s::text[])
       AND (i.definition_id, i.definition_version, i.plan_hash) IN (
           SELECT * FROM unnest(%(ids)s::text[], %(versions)s::int[], %(hashes)s::text[]))
-    ORDER BY c.available_at, c.id
+    ORDER BY c.available_at
     LIMIT 1
     FOR UPDATE OF c SKIP LOCKED
 )
@@ -518,14 +522,16 @@ def claim_next(
 ) -> ClaimedCommand | None:
     """Claim the oldest runnable head in one autocommit statement (None: use the peek path).
 
-    ``resident`` lists the (definition id, version, plan hash) this node can run.
+    ``resident`` lists the (definition id, version, plan hash) this node can run,
+    ``kinds`` the command kinds its engine runs.
     Must run outside a transaction so the statement commits (and releases the
     execution lock it tried) on its own.
     """
     if not resident:
         return None
     ids, versions, hashes = (list(column) for column in zip(*resident, strict=True))
-    row = db.fetchone_prepared(CLAIM_NEXT,
+    row = db.fetchone_prepared(
+        CLAIM_NEXT,
         {
             "max_attempts": max_attempts,
             "ids": ids,

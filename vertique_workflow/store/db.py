@@ -60,7 +60,8 @@ def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
 
     wrapper = connection()
     wrapper.ensure_connection()
-    with psycopg.Cursor(wrapper.connection) as cur:
+    # Django's error wrapper: callers see django.db errors, as from any cursor
+    with wrapper.wrap_database_errors, psycopg.Cursor(wrapper.connection) as cur:
         cur.execute(sql, params, prepare=True)
         return cur.fetchone()
 

@@ -98,7 +98,8 @@ class Loaded:
 
 
 def begin(workflow_id: Any, *, deadline_ms: int, lock_timeout_ms: int) -> None:
-    db.fetchone_prepared(BEGIN_SEGMENT, (f"{int(deadline_ms)}ms", f"{int(lock_timeout_ms)}ms", str(workflow_id))
+    db.fetchone_prepared(
+        BEGIN_SEGMENT, (f"{int(deadline_ms)}ms", f"{int(lock_timeout_ms)}ms", str(workflow_id))
     )
 
 
@@ -167,7 +168,8 @@ def persist(
     rows = [
         dict(entry_row(entry, common), ord=index) for index, entry in enumerate(entries, start=1)
     ]
-    result = db.fetchone_prepared(PERSIST,
+    result = db.fetchone_prepared(
+        PERSIST,
         {
             "wf": instance.id,
             "version": instance.version,
