@@ -83,6 +83,7 @@ def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Out
         lease_seconds=workflow_settings.LEASE_SECONDS,
         max_attempts=workflow_settings.MAX_ATTEMPTS,
         resident=resident_pins(),
+        kinds=SUPPORTED_KINDS,
     )
     if claimed is None:
         return None

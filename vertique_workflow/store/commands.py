@@ -519,6 +519,7 @@ def claim_next(
     lease_seconds: float,
     max_attempts: int,
     resident: Sequence[tuple[str, int, str]],
+    kinds: Sequence[str],
 ) -> ClaimedCommand | None:
     """Claim the oldest runnable head in one autocommit statement (None: use the peek path).
 
@@ -537,6 +538,7 @@ def claim_next(
             "ids": ids,
             "versions": versions,
             "hashes": hashes,
+            "kinds": list(kinds),
             "lease": lease_seconds,
             "node": node_id,
         },
