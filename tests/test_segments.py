@@ -337,8 +337,9 @@ def test_a_command_kind_this_release_cannot_run_is_deferred_not_failed():
     """TIMER commands converted by 0003 wait for a release that runs them."""
     ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
     run_until_idle()
-    WorkflowCommand.objects.create(workflow_id=ref.id, seq=2, kind="TIMER", timer_kind="FIRE",
-                                   state="PENDING")
+    WorkflowCommand.objects.create(
+        workflow_id=ref.id, seq=2, kind="TIMER", timer_kind="FIRE", state="PENDING"
+    )
     assert run_until_idle().outcomes == ["DEFERRED"]
     timer = WorkflowCommand.objects.get(workflow_id=ref.id, kind="TIMER")
     assert (timer.state, timer.deferral_count, timer.attempts) == ("DEFERRED", 1, 0)
