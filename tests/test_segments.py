@@ -346,3 +346,21 @@ def test_a_command_kind_this_release_cannot_run_is_deferred_not_failed():
     assert timer.last_error == "NOT_RUNNABLE: this release does not run TIMER commands yet"
     assert wf.get(ref.id).status == "WAITING"
     assert events(ref.id)[-1] == "COMMAND_DEFERRED"
+
+
+def test_a_branch_addressed_signal_is_recorded_and_parked_until_branches_exist():
+    ref = wf.start("two-waits", {}, idempotency_key="k1")
+    run_until_idle()
+    receipt = wf.signal(ref.id, "first", None, dedup_key="b1", branch=("fork", "left"))
+    command = WorkflowCommand.objects.get(pk=receipt.command_id)
+    assert command.target_json == {"name": "first", "forkStepId": "fork", "branchId": "left"}
+    assert run_until_idle().outcomes == ["PARKED"]
+    assert wf.get(ref.id).current_step == "wait_first", "an instance-level wait ignores it"
+    with pytest.raises(wf.WorkflowValidationError, match="branch"):
+        wf.signal(ref.id, "first", None, dedup_key="b2", branch=("fork",))  # type: ignore[arg-type]
+    wf.signal(ref.id, "first", None, dedup_key="s1")
+    wf.signal(ref.id, "second", None, dedup_key="s2")
+    run_until_idle()
+    assert wf.get(ref.id).status == "COMPLETED"
+    command.refresh_from_db()
+    assert command.state == "REJECTED"

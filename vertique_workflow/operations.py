@@ -207,9 +207,16 @@ def signal(
     payload: Any = None,
     *,
     dedup_key: str,
+    branch: tuple[str, str] | None = None,
     actor: context.Actor | None = None,
 ) -> SignalReceipt:
     """Record a signal for an instance (applied later by an executor).
+
+    ``branch`` addresses the signal to one branch of a fork, as
+    ``(fork_step_id, branch_id)``; it is recorded in the command's target. This
+    release has no fork steps, so a branch-addressed signal is parked until a
+    release that runs branches applies it (or settled STALE when the instance
+    ends).
 
     A committed duplicate (same key, same name and payload) returns the
     earlier receipt; the same key with another signal raises
@@ -221,7 +228,16 @@ def signal(
     _require_key(name, "signal name")
     _require_key(dedup_key, "dedup_key")
     _require_json(payload, "the signal payload")
-    fingerprint = _fingerprint(name=name, payload=payload)
+    target: dict[str, Any] = {"name": name}
+    if branch is not None:
+        if (
+            not isinstance(branch, tuple)
+            or len(branch) != 2
+            or not all(isinstance(part, str) and part for part in branch)
+        ):
+            raise WorkflowValidationError("branch must be a (fork_step_id, branch_id) pair")
+        target.update(forkStepId=branch[0], branchId=branch[1])
+    fingerprint = _fingerprint(name=name, payload=payload, branch=branch)
     namespace = str(workflow_id)
     with _atomic():
         earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
@@ -250,7 +266,7 @@ def signal(
                     "SIGNAL",
                     payload=payload,
                     dedup_key=dedup_key,
-                    target={"name": name},
+                    target=target,
                     context=context.capture(),
                     actor=context.stored_actor(actor),
                 )

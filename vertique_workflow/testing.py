@@ -74,12 +74,13 @@ def run_until_idle(
             report.outcomes.extend(r for r in results if r != "BUSY")
             if any(r != "BUSY" for r in results):
                 continue
-        idle, _ = reads.idle()
-        if not idle:
-            time.sleep(0.01)  # another worker's claim is in flight; its lease bounds this
-            continue
         delay = command_log.earliest_availability_delay_ms() if wait_for_retries else None
-        if delay is None or delay > horizon_ms:
+        if delay is not None and delay <= horizon_ms:
+            time.sleep(delay / 1000.0 + 0.001)  # a retry backing off, per the database clock
+            continue
+        # asked after the delay: a command that became available meanwhile is not idle
+        idle, _ = reads.idle()
+        if idle:
             return report
-        time.sleep(delay / 1000.0 + 0.001)
+        time.sleep(0.01)  # another worker's claim is in flight; its lease bounds this
     return report

@@ -223,8 +223,21 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> str:
         actor=command.actor,
     )
     signal_name = (command.target or {}).get("name") if command.kind == "SIGNAL" else None
+    if signal_name is not None and (command.target or {}).get("branchId"):
+        # no step of this release runs branches: a branch-addressed signal waits
+        result = DriveResult(
+            applied=False, status=row.status, current_step=row.current_step_id, state=row.state_json
+        )
+    else:
+        result = _drive(plan, command, row, signal_name, facts)
+    return _settle_segment(claim, loaded, result, signal_name, node_id)
+
+
+def _drive(
+    plan: Plan, command: Any, row: InstanceRow, signal_name: str | None, facts: RunFacts
+) -> DriveResult:
     with context.bound(command.context):
-        result = drive(
+        return drive(
             plan,
             kind=command.kind,
             state_json=row.state_json,
@@ -233,6 +246,16 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> str:
             signal_name=signal_name,
             facts=facts,
         )
+
+
+def _settle_segment(
+    claim: Claimed,
+    loaded: segment_store.Loaded,
+    result: DriveResult,
+    signal_name: str | None,
+    node_id: str,
+) -> str:
+    command, row = loaded.command, loaded.instance
     common = {
         "command_id": command.id,
         "executor_id": command.claimed_by or node_id,

@@ -160,7 +160,7 @@ REQUEUE_PARKED = f"""
 UPDATE {T["commands"]}
 SET state = 'PENDING', available_at = LEAST(available_at, now()), last_error = NULL
 WHERE workflow_id = %s AND state = 'PARKED' AND kind = 'SIGNAL'
-  AND (target_json ->> 'name') = ANY(%s)
+  AND (target_json ->> 'name') = ANY(%s) AND (target_json ->> 'branchId') IS NULL
 """
 
 # An ended instance settles its parked and dead-lettered commands.

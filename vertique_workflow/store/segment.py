@@ -20,6 +20,7 @@ from typing import Any
 from ..engine.decision_log import HistoryEntry
 from . import db
 from .commands import EXECUTION_LOCK_NAMESPACE, FencedCommand, actor_from_row
+from .eligibility import at_head
 from .history import HISTORY_COLUMNS, HISTORY_RECORDSET, HISTORY_SELECTED, entry_row
 from .instances import InstanceRow, row_from_values
 
@@ -49,11 +50,7 @@ SELECT c.id, c.workflow_id, c.seq, c.kind, c.payload_json, c.target_json, c.dedu
                WHERE p.workflow_id = c.workflow_id AND p.state IN ('PARKED', 'DEAD'))
 FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
 WHERE c.id = %s AND c.state = 'CLAIMED' AND c.claim_token = %s
-  AND NOT EXISTS (
-      SELECT 1 FROM {T["commands"]} b
-      WHERE b.workflow_id = c.workflow_id AND b.seq < c.seq
-        AND b.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-        AND NOT (b.kind = 'TIMER' AND b.fire_at > now()))
+  AND {at_head("c")}
 FOR UPDATE OF c
 """
 
