@@ -14,6 +14,12 @@ Against one PostgreSQL (the throwaway one above, or DATABASE_URL), in one run:
 5. statements and commits per instance (pg_stat_statements, pg_stat_database).
 
 Each figure is printed with the ratio of instance throughput to the commit limit.
+
+``--durability on`` (the default) turns fsync, full_page_writes and
+synchronous_commit on for the run (``ALTER SYSTEM`` + reload; reset at the
+end), as a production server has them; ``--durability off`` keeps the
+throwaway server's fast settings (fsync off): commits then cost CPU only and
+the commit-rate limit is much higher.
 """
 
 from __future__ import annotations
@@ -46,8 +52,26 @@ def url_for(dbname: str) -> str:
     return f"{base}/{dbname}"
 
 
+def set_durability(mode: str | None, dbname: str) -> None:
+    """Server settings for the run (None: back to the server's own)."""
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        for name in ("fsync", "full_page_writes", "synchronous_commit"):
+            if mode is None:
+                conn.execute(f"ALTER SYSTEM RESET {name}")
+            else:
+                conn.execute(f"ALTER SYSTEM SET {name} = {mode}")
+        conn.execute("SELECT pg_reload_conf()")
+        if mode is not None:
+            conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = {mode}')
+
+
 def commit_rate(url: str, seconds: float = 5.0, clients: int = 4) -> float:
     with psycopg.connect(url, autocommit=True) as conn:
+        settings = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]
+            for name in ("fsync", "synchronous_commit", "full_page_writes")
+        }
+        print("server settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
         conn.execute("DROP TABLE IF EXISTS bench_commit_rate")
         conn.execute("CREATE TABLE bench_commit_rate (id bigserial PRIMARY KEY, v int)")
     counts = [0] * clients
@@ -261,6 +285,7 @@ def main() -> None:
     parser.add_argument("--latency-samples", type=int, default=200)
     parser.add_argument("--threads", default="1,4,8")
     parser.add_argument("--processes", default="1,2")
+    parser.add_argument("--durability", choices=("on", "off"), default="on")
     args = parser.parse_args()
 
     dbname = f"vw_bench_{uuid.uuid4().hex[:8]}"
@@ -268,6 +293,7 @@ def main() -> None:
         conn.execute(f'CREATE DATABASE "{dbname}"')
     url = url_for(dbname)
     os.environ["DATABASE_URL"] = url
+    set_durability(args.durability, dbname)
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -323,6 +349,7 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
+        set_durability(None, dbname)
         with psycopg.connect(admin_url(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 

@@ -162,15 +162,18 @@ def _call(step_id: str, callback: Any, state: Any, ctx: StepContext) -> Any:
 def _run(
     plan: Plan, state: Any, step_id: str, facts: RunFacts, decisions: list[Decision]
 ) -> DriveResult:
+    # The JSON of the state is taken once per step that runs code (a fresh
+    # copy, so code that mutates the state in place cannot alter the log).
+    before = plan.state_to_json(state)
     for _ in range(MAX_STEPS_PER_SEGMENT):
         step = plan.step(step_id)
-        before = plan.state_to_json(state)
         if step.kind == "action":
             assert step.callback is not None and step.next is not None
             result = _call(step.id, step.callback, state, _context(facts, step.id))
             state = state if result is None else result
             after = plan.state_to_json(state)
             decisions.append(Decision(step.id, "ACTION_COMPLETED", before, after))
+            before = after
             step_id = step.next
         elif step.kind == "decision":
             assert step.callback is not None
@@ -180,9 +183,11 @@ def _run(
                     f"decision {step.id!r} of workflow {plan.id!r} chose an undeclared step "
                     f"{str(chosen)[:64]!r}"
                 )
+            after = plan.state_to_json(state)  # a decision should not change it; if it did, log it
             decisions.append(
-                Decision(step.id, "DECISION_TAKEN", before, before, {"chosen": chosen})
+                Decision(step.id, "DECISION_TAKEN", before, after, {"chosen": chosen})
             )
+            before = after
             step_id = chosen
         elif step.kind == "wait":
             decisions.append(
