@@ -230,3 +230,34 @@ def test_a_node_without_the_definition_defers_and_a_node_with_it_runs():
     with ExecutorProcess("--until-idle", settings=FAST) as new_node:
         assert new_node.wait(60) == 0, new_node.log
     assert wf.get(ref.id).status == "WAITING"
+
+
+def test_a_second_signal_exits_at_once_and_the_lease_covers_the_segment():
+    gate = Gate()
+    ref = wf.start("gated", {}, idempotency_key="k1")
+    with ExecutorProcess("--concurrency", "1", settings=FAST) as executor:
+        wait_until(lambda: gate_waiters() == 1, what="the segment to block", process=executor)
+        executor.send(signal.SIGTERM)
+        wait_until(
+            lambda: "a second signal exits at once" in executor.log,
+            what="the first signal to be handled",
+            process=executor,
+        )
+        executor.send(signal.SIGTERM)
+        assert executor.wait(30) == 1, executor.log
+        assert "second signal: exiting now" in executor.log
+    gate.open()
+    command = WorkflowCommand.objects.get(workflow_id=ref.id)
+    assert command.state == "CLAIMED", "the interrupted segment never committed"
+    # the lease (2 s) then lets another executor finish it, once
+    wait_until(
+        lambda: (
+            server_query(f"SELECT count(*) FROM {T['commands']} WHERE lease_until < now()")[0][0]
+            == 1
+        ),
+        what="the lease to expire",
+    )
+    with ExecutorProcess("--until-idle", settings=FAST) as survivor:
+        assert survivor.wait(60) == 0, survivor.log
+    assert wf.get(ref.id).status == "COMPLETED"
+    assert Shipment.objects.filter(order_ref=str(ref.id)).count() == 1

@@ -184,9 +184,7 @@ def _run(
                     f"{str(chosen)[:64]!r}"
                 )
             after = plan.state_to_json(state)  # a decision should not change it; if it did, log it
-            decisions.append(
-                Decision(step.id, "DECISION_TAKEN", before, after, {"chosen": chosen})
-            )
+            decisions.append(Decision(step.id, "DECISION_TAKEN", before, after, {"chosen": chosen}))
             before = after
             step_id = chosen
         elif step.kind == "wait":

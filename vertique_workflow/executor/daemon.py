@@ -190,11 +190,11 @@ class Executor:
         thread.start()
 
     def _guarded(self, index: int) -> None:
+        # logged here with its traceback; the supervisor loop restarts the worker
         try:
             self._worker(index)
-        except BaseException:
+        except Exception:
             logger.exception("worker %s died; it will be restarted", index)
-            raise
 
     # -- lifecycle ---------------------------------------------------------------------
 

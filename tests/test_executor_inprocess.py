@@ -1,0 +1,57 @@
+"""The executor's supervision, in-process: a worker that dies is logged and restarted."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+import vertique_workflow as wf
+from vertique_workflow.executor import daemon, segment
+from vertique_workflow.executor.daemon import Executor, ExecutorOptions
+from vertique_workflow.models import WorkflowInstance
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_dead_worker_is_logged_and_restarted(monkeypatch, caplog):
+    ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
+    real_run_next = segment.run_next
+    crashed = threading.Event()
+
+    def crash_once(*args, **kwargs):
+        if not crashed.is_set():
+            crashed.set()
+            raise RuntimeError("a bug outside any segment")
+        return real_run_next(*args, **kwargs)
+
+    # fault injection: the first loop of the worker dies of an unexpected error
+    monkeypatch.setattr(daemon.segment, "run_next", crash_once)
+    executor = Executor(
+        ExecutorOptions(
+            concurrency=1, poll_interval=0.05, until_idle=True, stats_interval=60, grace_seconds=10
+        )
+    )
+    with caplog.at_level(logging.INFO, logger="vertique_workflow.executor"):
+        assert executor.run() == 0
+    messages = [record.getMessage() for record in caplog.records]
+    assert "worker 0 died; it will be restarted" in messages
+    assert "worker 0 is not running; restarting it" in messages
+    assert crashed.is_set()
+    assert wf.get(ref.id).status == "WAITING"
+    assert executor.stats.snapshot()["completed"] == 1
+
+
+def test_max_commands_stops_after_the_budget():
+    for index in range(3):
+        wf.start("order", {"amount": 5}, idempotency_key=f"k{index}")
+    executor = Executor(
+        ExecutorOptions(
+            concurrency=1, poll_interval=0.05, max_commands=2, stats_interval=60, grace_seconds=10
+        )
+    )
+    assert executor.run() == 0
+    assert executor.stats.snapshot()["completed"] == 2
+    statuses = sorted(WorkflowInstance.objects.values_list("status", flat=True))
+    assert statuses == ["PENDING", "WAITING", "WAITING"]
