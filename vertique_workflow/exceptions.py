@@ -69,7 +69,14 @@ class WorkflowDefinitionError(WorkflowError):
 
 
 class ContractMismatch(WorkflowDefinitionError):
-    """Two versions of a definition name different contracts or state types."""
+    """A scope's definition would follow or reinstate a version of another contract.
+
+    Raised across scopes: a scope's activation naming a default-scope version
+    of another contract, a scope's first row of an id the default scope holds
+    under another contract, a reinstatement that would mix contracts. Within
+    one scope, versions of different contracts or state types are refused
+    with plain ``WorkflowDefinitionError`` naming the rule.
+    """
 
     reason_code: ClassVar[str] = "CONTRACT_MISMATCH"
 
