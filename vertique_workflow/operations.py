@@ -130,60 +130,61 @@ def start(
         raise WorkflowValidationError("the start payload must be a JSON object")
     _require_json(payload, "the start payload")
     fingerprint = _fingerprint(payload=payload, business_key=business_key, version=version)
-
-    with _atomic():
+    # Reads need no transaction of their own; the writes below are one atomic
+    # block (a savepoint inside the caller's transaction), so a refusal or a
+    # lost race leaves the caller's transaction usable and nothing written.
+    earlier = dedup.find("START", scope, definition_id, idempotency_key)
+    if earlier is not None:
+        return _replayed_start(earlier, fingerprint)
+    pin = resolve_start_pin(definition_id, scope, version)
+    pin.check_start_payload(payload or {})
+    instance_id = uuid.uuid4()
+    try:
+        with _atomic():
+            pin.admit()
+            # the key first: a concurrent start with the same key then resolves
+            # as a replay, not as a business-key conflict
+            if not dedup.claim(
+                "START",
+                scope,
+                definition_id,
+                idempotency_key,
+                instance_id,
+                fingerprint,
+                {"instanceId": str(instance_id)},
+            ):
+                raise _LostKeyRace
+            instances.insert_pending(
+                instance_id,
+                definition_id=definition_id,
+                definition_version=pin.version,
+                plan_hash=pin.plan_hash,
+                business_key=business_key,
+                subject=subject,
+                metadata={},
+                scope_key=scope,
+                definition_scope_key=pin.scope,
+            )
+            commands.insert(
+                instance_id,
+                "START",
+                payload=payload or {},
+                dedup_key=idempotency_key,
+                target=subject,
+                context=context.capture(),
+                actor=context.stored_actor(actor),
+            )
+    except _LostKeyRace:
         earlier = dedup.find("START", scope, definition_id, idempotency_key)
-        if earlier is not None:
-            return _replayed_start(earlier, fingerprint)
-        pin = resolve_start_pin(definition_id, scope, version)
-        pin.check_start_payload(payload or {})
-        instance_id = uuid.uuid4()
-        try:
-            with _atomic():
-                pin.admit()
-                # the key first: a concurrent start with the same key then resolves
-                # as a replay, not as a business-key conflict
-                if not dedup.claim(
-                    "START",
-                    scope,
-                    definition_id,
-                    idempotency_key,
-                    instance_id,
-                    fingerprint,
-                    {"instanceId": str(instance_id)},
-                ):
-                    raise _LostKeyRace
-                instances.insert_pending(
-                    instance_id,
-                    definition_id=definition_id,
-                    definition_version=pin.version,
-                    plan_hash=pin.plan_hash,
-                    business_key=business_key,
-                    subject=subject,
-                    metadata={},
-                    scope_key=scope,
-                    definition_scope_key=pin.scope,
-                )
-                commands.insert(
-                    instance_id,
-                    "START",
-                    payload=payload or {},
-                    dedup_key=idempotency_key,
-                    target=subject,
-                    context=context.capture(),
-                    actor=context.stored_actor(actor),
-                )
-        except _LostKeyRace:
-            earlier = dedup.find("START", scope, definition_id, idempotency_key)
-            assert earlier is not None
-            return _replayed_start(earlier, fingerprint)
-        except DatabaseError as exc:
-            if db.sqlstate(exc) == "23505":
-                raise WorkflowConflict(
-                    f"business key already used by another instance of {definition_id!r} "
-                    f"in scope {scope!r}"
-                ) from None
-            raise db.translate(exc, "start") from None
+        assert earlier is not None
+        return _replayed_start(earlier, fingerprint)
+    except DatabaseError as exc:
+        if db.sqlstate(exc) == "23505":
+            raise WorkflowConflict(
+                f"business key already used by another instance of {definition_id!r} "
+                f"in scope {scope!r}"
+            ) from None
+        raise db.translate(exc, "start") from None
     return InstanceRef(instance_id, definition_id, pin.version, created=True)
 
 
@@ -239,44 +240,43 @@ def signal(
         target.update(forkStepId=branch[0], branchId=branch[1])
     fingerprint = _fingerprint(name=name, payload=payload, branch=branch)
     namespace = str(workflow_id)
-    with _atomic():
-        earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
-        if earlier is not None:
-            return _replayed_signal(earlier, fingerprint, workflow_id, name)
-        row = instances.get(workflow_id)
-        if row is None:
-            raise WorkflowNotFound("no workflow instance with that id")
-        signal_schema_source(row).check_signal(name, payload)
-        if row.ended:
-            raise WorkflowConflict(f"the instance has ended ({row.status}); signal refused")
-        try:
-            with _atomic():
-                commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
-                if not commands.raise_open_signals(workflow_id, workflow_settings.OPEN_SIGNALS_CAP):
-                    raise WorkflowConflict(
-                        f"the instance holds {workflow_settings.OPEN_SIGNALS_CAP} open signals "
-                        "(OPEN_SIGNALS_CAP); signal refused"
-                    )
-                if not dedup.claim(
-                    "SIGNAL", DEFAULT_SCOPE, namespace, dedup_key, workflow_id, fingerprint
-                ):
-                    raise _LostKeyRace
-                command_id, _ = commands.insert(
-                    workflow_id,
-                    "SIGNAL",
-                    payload=payload,
-                    dedup_key=dedup_key,
-                    target=target,
-                    context=context.capture(),
-                    actor=context.stored_actor(actor),
+    earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
+    if earlier is not None:
+        return _replayed_signal(earlier, fingerprint, workflow_id, name)
+    row = instances.get(workflow_id)
+    if row is None:
+        raise WorkflowNotFound("no workflow instance with that id")
+    signal_schema_source(row).check_signal(name, payload)
+    if row.ended:
+        raise WorkflowConflict(f"the instance has ended ({row.status}); signal refused")
+    try:
+        with _atomic():
+            commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
+            if not commands.raise_open_signals(workflow_id, workflow_settings.OPEN_SIGNALS_CAP):
+                raise WorkflowConflict(
+                    f"the instance holds {workflow_settings.OPEN_SIGNALS_CAP} open signals "
+                    "(OPEN_SIGNALS_CAP); signal refused"
                 )
-        except _LostKeyRace:
-            # another transaction committed the key first; our writes rolled back
-            earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
-            assert earlier is not None
-            return _replayed_signal(earlier, fingerprint, workflow_id, name)
-        except DatabaseError as exc:
-            raise db.translate(exc, "signal") from None
+            if not dedup.claim(
+                "SIGNAL", DEFAULT_SCOPE, namespace, dedup_key, workflow_id, fingerprint
+            ):
+                raise _LostKeyRace
+            command_id, _ = commands.insert(
+                workflow_id,
+                "SIGNAL",
+                payload=payload,
+                dedup_key=dedup_key,
+                target=target,
+                context=context.capture(),
+                actor=context.stored_actor(actor),
+            )
+    except _LostKeyRace:
+        # another transaction committed the key first; our writes rolled back
+        earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
+        assert earlier is not None
+        return _replayed_signal(earlier, fingerprint, workflow_id, name)
+    except DatabaseError as exc:
+        raise db.translate(exc, "signal") from None
     return SignalReceipt(workflow_id, name, command_id, duplicate=False)
 
 

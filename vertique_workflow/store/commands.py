@@ -265,10 +265,6 @@ SELECT ceil(extract(epoch FROM (min(available_at) - now())) * 1000)::bigint
 FROM {T["commands"]} WHERE state IN ('PENDING', 'DEFERRED') AND available_at > now()
 """
 
-QUEUE = f"""
-SELECT next_seq, open_signals FROM {T["command_queues"]} WHERE workflow_id = %s
-"""
-
 
 def error_text(reason_code: str, message: str) -> str:
     """``<REASON_CODE>: <message>`` bounded to 4000 characters."""
@@ -406,14 +402,6 @@ def raise_open_signals(workflow_id: Any, cap: int) -> bool:
     """Count one more open signal; False when the instance is at the cap."""
     db.execute(ENSURE_QUEUE, (workflow_id,))
     return db.execute(RAISE_OPEN_SIGNALS, (workflow_id, cap)) == 1
-
-
-def queue(workflow_id: Any) -> tuple[int, int] | None:
-    row = db.fetchone(QUEUE, (workflow_id,))
-    return None if row is None else (row[0], row[1])
-
-
-# -- executor side ---------------------------------------------------------
 
 
 def peek(limit: int) -> list[Head]:
