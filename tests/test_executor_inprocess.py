@@ -55,3 +55,18 @@ def test_max_commands_stops_after_the_budget():
     assert executor.stats.snapshot()["completed"] == 2
     statuses = sorted(WorkflowInstance.objects.values_list("status", flat=True))
     assert statuses == ["PENDING", "WAITING", "WAITING"]
+
+
+def test_the_command_refuses_bad_options_and_record_only_nodes():
+    from django.core.management import CommandError, call_command
+    from django.test import override_settings
+
+    with pytest.raises(CommandError, match="--concurrency must be at least 1"):
+        call_command("workflow_executor", "--concurrency", "0")
+    with pytest.raises(CommandError, match="unknown database alias 'nope'"):
+        call_command("workflow_executor", "--database", "nope")
+    with (
+        override_settings(VERTIQUE_WORKFLOW={"EXECUTOR_ENABLED": False}),
+        pytest.raises(CommandError, match="record-only"),
+    ):
+        call_command("workflow_executor", "--until-idle")

@@ -68,6 +68,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not workflow_settings.EXECUTOR_ENABLED:
+            raise CommandError(
+                "this node is record-only (VERTIQUE_WORKFLOW['EXECUTOR_ENABLED'] is False); "
+                "run the executor on a node whose settings enable it"
+            )
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if options["max_commands"] is not None and options["max_commands"] < 1:
