@@ -33,9 +33,6 @@ class InstanceStatus(models.TextChoices):
     FAILED = "FAILED"
 
 
-ENDED_STATUSES = ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED")
-
-
 class CommandState(models.TextChoices):
     PENDING = "PENDING"
     DEFERRED = "DEFERRED"

@@ -18,6 +18,8 @@ from typing import Any
 from ..engine.decision_log import HistoryEntry
 from . import db, history
 from .eligibility import claimable
+from .instances import ENDED as ENDED_STATUSES
+from .instances import ENDED_SQL
 
 T = db.T
 
@@ -26,7 +28,7 @@ T = db.T
 # so the two never collide).
 EXECUTION_LOCK_NAMESPACE = 0x56574600
 LAST_ERROR_MAX = 4000
-ENDED = "('COMPLETED', 'COMPENSATED', 'CANCELLED', 'EXPIRED')"
+ENDED = ENDED_SQL
 
 # set_config runs left to right; the third call restores the caller's value.
 LOCK_INSTANCE = f"""
@@ -319,7 +321,7 @@ class Head:
 
     @property
     def instance_ended(self) -> bool:
-        return self.instance_status in ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED")
+        return self.instance_status in ENDED_STATUSES
 
 
 @dataclass(frozen=True)
@@ -457,7 +459,7 @@ def claim(
     target = db.load_json(target)
     actor = actor_from_row(a_kind, a_id, a_reason, a_obo, a_status)
     common = {"command_id": cid, **actor.history_columns()}
-    if instance_status in ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED"):
+    if instance_status in ENDED_STATUSES:
         branch_addressed = kind == "SIGNAL" and bool((target or {}).get("branchId"))
         if instance_status == "CANCELLED":
             state, event = "CANCELLED", "COMMAND_CANCELLED"

@@ -11,7 +11,10 @@ from . import db
 
 T = db.T
 
+# The ended statuses (FAILED is not ended: it can be retried). The one list;
+# SQL uses ENDED_SQL.
 ENDED = ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED")
+ENDED_SQL = "(" + ", ".join(f"'{status}'" for status in ENDED) + ")"
 
 INSERT_PENDING = f"""
 INSERT INTO {T["instances"]} (id, definition_id, definition_version, plan_hash, status,
@@ -30,14 +33,14 @@ MARK_FAILED = f"""
 UPDATE {T["instances"]}
 SET status = 'FAILED', error_type = %s, error_message = %s, completed_at = now(),
     updated_at = now(), version = version + 1
-WHERE id = %s AND status NOT IN ('COMPLETED', 'COMPENSATED', 'CANCELLED', 'EXPIRED', 'FAILED')
+WHERE id = %s AND status NOT IN {ENDED_SQL} AND status <> 'FAILED'
 """
 
 MARK_CANCELLED = f"""
 UPDATE {T["instances"]}
 SET status = 'CANCELLED', error_type = 'CANCELLED', error_message = %s, completed_at = now(),
     updated_at = now(), version = version + 1
-WHERE id = %s AND status NOT IN ('COMPLETED', 'COMPENSATED', 'CANCELLED', 'EXPIRED')
+WHERE id = %s AND status NOT IN {ENDED_SQL}
 RETURNING version
 """
 
