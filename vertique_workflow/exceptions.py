@@ -9,6 +9,7 @@ that must not hold business data.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 __all__ = [
@@ -95,11 +96,44 @@ class WorkflowPersistenceError(WorkflowError):
         self.retryable = retryable
 
 
+REASON_CODE_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+
+
+def require_reason_code(value: object) -> str:
+    """``value`` when it is a reason code (``OUT_OF_STOCK``); ``ValueError`` otherwise.
+
+    Reason codes are identifiers, not sentences: they are stored in
+    ``last_error`` and ``error_type`` columns that operators and end users
+    see, so they must never carry business data.
+    """
+    if not isinstance(value, str) or REASON_CODE_PATTERN.fullmatch(value) is None:
+        raise ValueError(
+            "a reason code is an identifier of 1 to 64 characters: an upper-case letter, "
+            "then upper-case letters, digits or underscores (e.g. 'OUT_OF_STOCK')"
+        )
+    return value
+
+
 class NonRetryable(WorkflowError):
     """Raised by workflow code to fail the instance at once, without retries.
 
     Use it for errors that running the step again cannot fix (a business rule
     violated, a referenced record gone); any other exception is retried.
+
+    ``NonRetryable("OUT_OF_STOCK")``: the reason code is stored as the
+    instance's ``error_type`` and leads its ``error_message`` and the
+    command's ``last_error``, followed by a fixed product sentence naming the
+    step and the attempt. ``detail`` (free text) goes to the executor log
+    only, never to a column: it may hold anything. An invalid code raises
+    ``ValueError`` at once, so the mistake shows where it was made.
     """
 
     reason_code: ClassVar[str] = "NON_RETRYABLE"
+
+    def __init__(self, reason_code: str = "NON_RETRYABLE", detail: str | None = None) -> None:
+        super().__init__(require_reason_code(reason_code))
+        self.reason_code = reason_code  # type: ignore[misc]
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.reason_code if self.detail is None else f"{self.reason_code}: {self.detail}"

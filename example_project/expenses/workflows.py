@@ -58,7 +58,7 @@ class ExpenseApproval(Workflow[Expense]):
     @action(start=True, next="route")
     def validate(self, state: Expense, ctx: StepContext) -> Expense:
         if not state.description.strip():
-            raise NonRetryable("an expense needs a description")
+            raise NonRetryable("DESCRIPTION_MISSING", "an expense needs a description")
         return dataclasses.replace(state, description=state.description.strip())
 
     @decision(targets=["pay", "approval"])

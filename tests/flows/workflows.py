@@ -110,7 +110,7 @@ class ShipmentFlow(Workflow[dict]):
         Gate.calls += 1
         Shipment.objects.create(order_ref=state.get("ref", "?"), created_by_step=ctx.step_id)
         if Gate.non_retryable:
-            raise NonRetryable("shipment refused by the carrier")
+            raise NonRetryable("SHIPMENT_REFUSED", "shipment refused by the carrier")
         if Gate.fail_times > 0:
             Gate.fail_times -= 1
             raise ImproperlyConfigured("carrier unavailable")

@@ -179,10 +179,13 @@ def _run(
             assert step.callback is not None
             chosen = _call(step.id, step.callback, state, _context(facts, step.id))
             if chosen not in step.targets:
-                raise NonRetryable(
-                    f"decision {step.id!r} of workflow {plan.id!r} chose an undeclared step "
-                    f"{str(chosen)[:64]!r}"
+                # the value chosen is workflow data: it goes to the log only
+                exc = NonRetryable(
+                    "DECISION_TARGET_UNDECLARED",
+                    f"decision {step.id!r} chose {str(chosen)[:64]!r}",
                 )
+                mark_step(exc, step.id)
+                raise exc
             after = plan.state_to_json(state)  # a decision should not change it; if it did, log it
             decisions.append(Decision(step.id, "DECISION_TAKEN", before, after, {"chosen": chosen}))
             before = after
@@ -215,9 +218,11 @@ def _run(
                 definition_id=plan.id,
                 step_id=step.id,
             )
-    raise NonRetryable(
-        f"workflow {plan.id!r} ran {MAX_STEPS_PER_SEGMENT} steps without waiting or ending"
+    exc = NonRetryable(
+        "STEP_LIMIT_EXCEEDED", f"ran {MAX_STEPS_PER_SEGMENT} steps without waiting or ending"
     )
+    mark_step(exc, step_id)
+    raise exc
 
 
 __all__ = ["Decision", "DriveResult", "RunFacts", "apply_signal", "drive", "start"]
