@@ -51,6 +51,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 VERTIQUE_WORKFLOW = {
     "SCHEMA": os.environ.get("VERTIQUE_TEST_SCHEMA") or None,
     "POLL_INTERVAL_MS": 200,
+    "MAX_ATTEMPTS": 5,
     "BACKOFF_BASE_MS": 10,
     "BACKOFF_MAX_MS": 50,
     # subprocess tests add (or misspell) keys through this variable

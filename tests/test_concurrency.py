@@ -89,7 +89,7 @@ def test_fence_refuses_a_stale_token_after_the_lease_moved_on():
     )
     # the stale token can neither release nor retry the command
     assert commands.release(head.id, first.token) == 0
-    assert commands.retry_transient(head.id, first.token, 0, "x") == 0
+    assert commands.retry_transient(head.id, first.token, "x", base_ms=0, max_ms=0) == 0
 
 
 def test_cancel_racing_a_segment_waits_for_it_and_does_not_deadlock():

@@ -164,13 +164,25 @@ def test_dead_letter_after_max_attempts_fails_a_starts_instance():
     Gate.fail_times = 100
     ref = wf.start("shipment", {"ref": "A-1"}, idempotency_key="k1")
     report = run_until_idle()
-    assert report.outcomes == ["RETRIED"] * 5 + ["DEAD"]
+    # the fifth failed attempt spends the step's last attempt: dead-lettered at once
+    assert report.outcomes == ["RETRIED"] * 4 + ["DEAD"]
     command = WorkflowCommand.objects.get(workflow_id=ref.id)
     assert (command.state, command.attempts, command.claim_token) == ("DEAD", 5, None)
-    assert command.last_error.startswith("ATTEMPTS_EXHAUSTED: ")
+    # the dead letter keeps the cause: the step and the last reason code
+    assert command.last_error == (
+        "ATTEMPTS_EXHAUSTED: step 'create' failed 5 of 5 attempts; last reason STEP_FAILED"
+    )
     instance = wf.get(ref.id)
     assert (instance.status, instance.error_type) == ("FAILED", "ATTEMPTS_EXHAUSTED")
-    assert events(ref.id) == ["COMMAND_DEAD_LETTERED", "WORKFLOW_FAILED"]
+    assert instance.current_step == "create"
+    assert instance.state == {"ref": "A-1"}, "a START that never ran keeps its payload as state"
+    assert events(ref.id) == ["COMMAND_DEAD_LETTERED", "FAILED"]
+    failed = WorkflowHistory.objects.get(workflow_id=ref.id, event_type="FAILED")
+    assert failed.step_id is None and failed.outcome == "FAILED"
+    assert failed.payload_json["step"] == "create"
+    assert (instance.dead_commands, instance.needs_attention) == (1, True)
+    assert instance.last_failure.reason_code == "ATTEMPTS_EXHAUSTED"
+    assert instance.last_failure.step == "create"
     assert Shipment.objects.count() == 0
     report = probe.report()
     assert [c["id"] for c in report.stuck] == [command.id]
@@ -183,10 +195,16 @@ def test_non_retryable_error_fails_the_instance_at_once():
     assert run_until_idle().outcomes == ["FAILED"]
     command = WorkflowCommand.objects.get(workflow_id=ref.id)
     assert (command.state, command.attempts) == ("FAILED", 1)
-    assert command.last_error == "NON_RETRYABLE: shipment refused by the carrier"
+    # the reason code of NonRetryable and a fixed sentence; its detail stays in the log
+    assert command.last_error == (
+        "SHIPMENT_REFUSED: step 'create' failed and is not retried (attempt 1)"
+    )
     instance = wf.get(ref.id)
-    assert (instance.status, instance.error_type) == ("FAILED", "NON_RETRYABLE")
-    assert events(ref.id) == ["WORKFLOW_FAILED"]
+    assert (instance.status, instance.error_type) == ("FAILED", "SHIPMENT_REFUSED")
+    assert instance.error_message == command.last_error
+    assert "carrier" not in instance.error_message
+    assert (instance.current_step, instance.state) == ("create", {"ref": "A-1"})
+    assert events(ref.id) == ["FAILED"]
     assert Shipment.objects.count() == 0
 
 

@@ -30,10 +30,14 @@ DEFAULTS: dict[str, Default] = {
     "DEFINITION_LOCK_TIMEOUT_MS": Default(30000, "lock_timeout for registry mutations."),
     "POLL_INTERVAL_MS": Default(1000, "Executor fallback poll interval (and listener retry)."),
     "LEASE_SECONDS": Default(60, "How long a claim stays valid before another node may take it."),
-    "SEGMENT_DEADLINE_MS": Default(30000, "statement_timeout bounding one segment transaction."),
-    "MAX_ATTEMPTS": Default(5, "Claims a command may spend before it is dead-lettered."),
-    "BACKOFF_BASE_MS": Default(200, "First retry delay after a failed attempt (doubles)."),
-    "BACKOFF_MAX_MS": Default(60000, "Upper bound of the retry delay."),
+    "SEGMENT_DEADLINE_MS": Default(
+        30000, "Bound of one segment transaction (whole, not per statement)."
+    ),
+    "MAX_ATTEMPTS": Default(10, "Attempts a command may spend before it is dead-lettered."),
+    "BACKOFF_BASE_MS": Default(
+        1000, "First retry delay after a failed attempt (doubles, jittered)."
+    ),
+    "BACKOFF_MAX_MS": Default(120000, "Upper bound of the retry delay."),
     "STUCK_AFTER_SECONDS": Default(300, "Age after which the probe lists a command as stuck."),
     "OPEN_SIGNALS_CAP": Default(1000, "Open (unapplied) signals one instance may hold."),
     "HISTORY_PATCH_MAX_BYTES": Default(65536, "Largest decision patch stored; larger => baseline."),

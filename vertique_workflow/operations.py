@@ -1,4 +1,4 @@
-"""The record side: start, signal, cancel and get.
+"""The record side: start, signal, cancel, retry and get.
 
 Each operation runs in ``transaction.atomic()`` on the workflow database, so
 it joins the caller's transaction: the workflow rows commit or roll back with
@@ -8,6 +8,7 @@ deduplicates, writes a command and returns. Executors run the command later.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from . import context
+from . import context, failures
 from .conf import workflow_settings
 from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
@@ -65,6 +66,38 @@ class InstanceView:
     created_at: Any
     updated_at: Any
     completed_at: Any
+    dead_commands: int = 0
+    parked_commands: int = 0
+    last_failure: Failure | None = None
+
+    @property
+    def needs_attention(self) -> bool:
+        """FAILED, or holding dead-lettered commands: something only ``retry`` repairs."""
+        return self.status == "FAILED" or self.dead_commands > 0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The last failure of an instance that needs attention (from its history).
+
+    ``reason_code`` and ``step`` are read from the stored text; ``message``
+    is that text (``<REASON_CODE>: <sentence>``, never exception text).
+    """
+
+    reason_code: str | None
+    step: str | None
+    at: Any
+    message: str
+    command_id: int | None
+
+
+@dataclass(frozen=True)
+class RetryReceipt:
+    """What ``retry`` returns: the RETRY command, or the open one a repeat found."""
+
+    instance_id: uuid.UUID
+    command_id: int
+    duplicate: bool
 
 
 def _fingerprint(**parts: Any) -> str:
@@ -336,10 +369,26 @@ def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None)
 
 
 def get(instance_id: Any) -> InstanceView:
-    """The current snapshot of an instance (``WorkflowNotFound`` when absent)."""
+    """The current snapshot of an instance (``WorkflowNotFound`` when absent).
+
+    Besides the row it reports the dead-lettered and parked command counts
+    and, when the instance needs attention (FAILED, or dead letters), its
+    last failure: step, reason code and when. A dead-lettered signal leaves
+    the instance WAITING, so look at ``dead_commands`` (or
+    ``needs_attention``), not only at ``status``. Signals sent to a FAILED
+    instance are parked until a ``retry`` revives it.
+    """
     row = instances.get(_uuid(instance_id))
     if row is None:
         raise WorkflowNotFound("no workflow instance with that id")
+    dead, parked = commands.health(row.id)
+    last = None
+    if row.status == "FAILED" or dead:
+        entry = history.last_failure(row.id)
+        if entry is not None:
+            reason, at, command_id = entry
+            parsed = failures.parse(reason)
+            last = Failure(parsed.code, parsed.step, at, reason, command_id)
     return InstanceView(
         id=row.id,
         definition_id=row.definition_id,
@@ -355,7 +404,95 @@ def get(instance_id: Any) -> InstanceView:
         created_at=row.created_at,
         updated_at=row.updated_at,
         completed_at=row.completed_at,
+        dead_commands=dead,
+        parked_commands=parked,
+        last_failure=last,
     )
+
+
+def retry(
+    instance_id: Any,
+    *,
+    actor: context.Actor | None = None,
+    reason: str | None = None,
+    idempotency_key: str | None = None,
+) -> RetryReceipt:
+    """Record a RETRY command: repair a FAILED instance and re-offer its dead letters.
+
+    Joins the caller's transaction and runs nothing itself: the executor's
+    RETRY segment supersedes a dead START and starts again from the START
+    payload, resumes an instance failed by a command where it stood and runs
+    that command again, re-drives an instance failed by a ``fail`` step, and
+    offers every dead-lettered command again with fresh attempts (see
+    docs/execution.md). Fix the cause first (deploy the code, restore the
+    record): a retry re-runs the same code path.
+
+    An instance that is neither FAILED nor holding dead letters is refused
+    with ``WorkflowConflict``, as is an ended one. While a RETRY is still
+    open, another call returns it (``duplicate=True``). ``idempotency_key``
+    makes a repeat return the first receipt even after that retry ran; the
+    same key for another instance or reason raises ``WorkflowConflict``.
+    ``reason`` is stored as the actor's reason. Refusals write nothing.
+    """
+    workflow_id = _uuid(instance_id)
+    if reason is not None:
+        _require_key(reason, "reason")
+    if idempotency_key is not None:
+        _require_key(idempotency_key, "idempotency_key")
+    fingerprint = _fingerprint(reason=reason)
+    namespace = str(workflow_id)
+    if idempotency_key is not None:
+        earlier = dedup.find("RETRY", DEFAULT_SCOPE, namespace, idempotency_key)
+        if earlier is not None:
+            return _replayed_retry(earlier, fingerprint, workflow_id)
+    stored = context.stored_actor(actor)
+    if reason is not None and stored.reason is None:
+        stored = dataclasses.replace(stored, reason=reason)
+    try:
+        with _atomic():
+            commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
+            row = instances.get(workflow_id)
+            if row is None:
+                raise WorkflowNotFound("no workflow instance with that id")
+            if row.ended:
+                raise WorkflowConflict(f"the instance has ended ({row.status}); retry refused")
+            has_dead, open_retry = commands.retry_needed(workflow_id)
+            if row.status != "FAILED" and not has_dead:
+                raise WorkflowConflict(
+                    f"the instance is {row.status} with no dead-lettered command: nothing to retry"
+                )
+            if open_retry is not None:
+                return RetryReceipt(workflow_id, open_retry, duplicate=True)
+            command_id, _ = commands.insert(
+                workflow_id, "RETRY", context=context.capture(), actor=stored
+            )
+            if idempotency_key is not None and not dedup.claim(
+                "RETRY",
+                DEFAULT_SCOPE,
+                namespace,
+                idempotency_key,
+                workflow_id,
+                fingerprint,
+                {"commandId": command_id},
+            ):
+                raise _LostKeyRace
+    except _LostKeyRace:
+        assert idempotency_key is not None
+        earlier = dedup.find("RETRY", DEFAULT_SCOPE, namespace, idempotency_key)
+        assert earlier is not None
+        return _replayed_retry(earlier, fingerprint, workflow_id)
+    except DatabaseError as exc:
+        raise db.translate(exc, "retry") from None
+    return RetryReceipt(workflow_id, command_id, duplicate=False)
+
+
+def _replayed_retry(
+    earlier: tuple[Any, str, Any], fingerprint: str, workflow_id: uuid.UUID
+) -> RetryReceipt:
+    stored_workflow, stored, result = earlier
+    if stored != fingerprint or stored_workflow != workflow_id:
+        raise WorkflowConflict("idempotency key already used for a different retry")
+    return RetryReceipt(workflow_id, int((result or {}).get("commandId", 0)), duplicate=True)
 
 
 def history_of(instance_id: Any) -> list[dict[str, Any]]:
@@ -379,12 +516,15 @@ def state_at(instance_id: Any, sequence: int) -> Any:
 
 
 __all__ = [
+    "Failure",
     "InstanceRef",
     "InstanceView",
+    "RetryReceipt",
     "SignalReceipt",
     "cancel",
     "get",
     "history_of",
+    "retry",
     "signal",
     "start",
     "state_at",

@@ -12,12 +12,15 @@ from .context import StepContext
 from .dsl import StepSpec, Workflow, action, decision, end, fail, wait
 from .durations import parse_duration
 from .plan import STEP_KINDS, Plan, Step, StepKind, callable_name
+from .retry import Retry, RetryPolicy
 from .validation import validate
 
 __all__ = [
     "STEP_KINDS",
     "Catalog",
     "Plan",
+    "Retry",
+    "RetryPolicy",
     "Step",
     "StepContext",
     "StepKind",

@@ -18,8 +18,9 @@ from typing import Any, ClassVar, Generic, TypeVar, cast, get_args, get_origin, 
 
 from ..exceptions import WorkflowDefinitionError
 from .plan import Plan, Step
+from .retry import Retry, RetryPolicy
 
-__all__ = ["StepSpec", "Workflow", "action", "decision", "end", "fail", "wait"]
+__all__ = ["Retry", "StepSpec", "Workflow", "action", "decision", "end", "fail", "wait"]
 
 S = TypeVar("S")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,6 +49,7 @@ class StepSpec:
     apply: Callable[..., Any] | str | None = None
     reason: str | None = None
     func: Callable[..., Any] | None = None
+    retry: RetryPolicy | None = None
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None or self.func is None:
@@ -63,6 +65,7 @@ class _StepDecorator:
     start: bool
     next: str | None = None
     targets: tuple[str, ...] = ()
+    retry: RetryPolicy | None = None
 
     def __call__(self, func: F) -> F:
         if not inspect.isfunction(func):
@@ -70,7 +73,12 @@ class _StepDecorator:
                 f"@{self.kind} decorates a plain method, not {type(func).__name__}"
             )
         spec = StepSpec(
-            self.kind, start=self.start, next=self.next, targets=self.targets, func=func
+            self.kind,
+            start=self.start,
+            next=self.next,
+            targets=self.targets,
+            func=func,
+            retry=self.retry,
         )
         return cast(F, spec)
 
@@ -78,25 +86,42 @@ class _StepDecorator:
 @overload
 def action(func: F, /) -> F: ...
 @overload
-def action(*, start: bool = False, next: str | None = None) -> Callable[[F], F]: ...
 def action(
-    func: Callable[..., Any] | None = None, /, *, start: bool = False, next: str | None = None
+    *, start: bool = False, next: str | None = None, retry: RetryPolicy | None = None
+) -> Callable[[F], F]: ...
+def action(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    start: bool = False,
+    next: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Any:
-    """Declare a method ``(self, state, ctx) -> state`` as an action step going to ``next``."""
-    decorator = _StepDecorator("action", start=start, next=next)
+    """Declare a method ``(self, state, ctx) -> state`` as an action step going to ``next``.
+
+    ``retry`` (``Retry(max_attempts=..., backoff=..., max_backoff=..., never=...)``)
+    sets how this step is retried when it raises; see ``definitions/retry.py``.
+    """
+    decorator = _StepDecorator("action", start=start, next=next, retry=retry)
     return decorator(func) if func is not None else decorator
 
 
 @overload
 def decision(func: F, /) -> F: ...
 @overload
-def decision(*, targets: list[str] | tuple[str, ...], start: bool = False) -> Callable[[F], F]: ...
+def decision(
+    *,
+    targets: list[str] | tuple[str, ...],
+    start: bool = False,
+    retry: RetryPolicy | None = None,
+) -> Callable[[F], F]: ...
 def decision(
     func: Callable[..., Any] | None = None,
     /,
     *,
     targets: list[str] | tuple[str, ...] = (),
     start: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> Any:
     """Declare a method ``(self, state[, ctx]) -> step id`` choosing one of ``targets``.
 
@@ -104,7 +129,7 @@ def decision(
     without running code; the engine refuses a returned id not among them.
     """
     names = (targets,) if isinstance(targets, str) else tuple(targets)
-    decorator = _StepDecorator("decision", start=start, targets=names)
+    decorator = _StepDecorator("decision", start=start, targets=names, retry=retry)
     return decorator(func) if func is not None else decorator
 
 
@@ -114,15 +139,19 @@ def wait(
     on: Mapping[str, str] | None = None,
     apply: Callable[..., Any] | str | None = None,
     start: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> StepSpec:
     """Wait for one of ``signals``; go to ``on[signal]``, else ``next``.
 
     ``apply`` folds the payload into the state: a callable
     ``(state, signal_name, payload, ctx) -> state``, or the name of a method
     of the class with that signature after ``self``. Without it the payload
-    is merged into the state (see ``Plan.apply_signal``).
+    is merged into the state (see ``Plan.apply_signal``). ``retry`` is the
+    policy of ``apply`` when it raises.
     """
-    return StepSpec("wait", start=start, next=next, signals=signals, on=on, apply=apply)
+    return StepSpec(
+        "wait", start=start, next=next, signals=signals, on=on, apply=apply, retry=retry
+    )
 
 
 def end(*, start: bool = False) -> StepSpec:
@@ -260,6 +289,7 @@ def _compile(cls: type, instance: object, name: str, spec: StepSpec) -> Step:
             callback=_bind(cls, instance, name, spec.func),
             callback_name=qualified,
             targets=spec.targets,
+            retry=spec.retry,
         )
     if spec.kind == "wait":
         apply, apply_name = spec.apply, None
@@ -277,6 +307,7 @@ def _compile(cls: type, instance: object, name: str, spec: StepSpec) -> Step:
             on_signal=spec.on or {},
             apply=apply,
             apply_name=apply_name,
+            retry=spec.retry,
         )
     return Step(name, spec.kind, reason=spec.reason)  # type: ignore[arg-type]
 

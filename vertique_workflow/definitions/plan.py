@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..exceptions import WorkflowDefinitionError, WorkflowValidationError
+from .retry import RetryPolicy
 
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
@@ -99,6 +100,7 @@ class Step:
     apply: Callable[..., Any] | None = None
     apply_name: str | None = None
     reason: str | None = None
+    retry: RetryPolicy | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -138,6 +140,8 @@ class Step:
             data["apply_name"] = self.apply_name
         if self.reason is not None:
             data["reason"] = self.reason
+        if self.retry is not None and self.retry.canonical():
+            data["retry"] = self.retry.canonical()
         return data
 
 

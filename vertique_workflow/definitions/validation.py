@@ -19,6 +19,8 @@ from .plan import STEP_KINDS, Step
 if TYPE_CHECKING:
     from .plan import Plan
 
+from .retry import RetryPolicy
+
 __all__ = ["MAX_NAME_LENGTH", "MAX_REASON_LENGTH", "validate"]
 
 MAX_NAME_LENGTH = 255  # ids and names are stored in VARCHAR(255) columns
@@ -26,13 +28,22 @@ MAX_REASON_LENGTH = 128  # a fail reason is stored as error_type VARCHAR(128)
 
 # Which optional Step fields each kind may set; the rest must stay empty.
 _ALLOWED_FIELDS: dict[str, frozenset[str]] = {
-    "action": frozenset({"next", "callback"}),
-    "decision": frozenset({"callback", "targets"}),
-    "wait": frozenset({"next", "signals", "on_signal", "apply"}),
+    "action": frozenset({"next", "callback", "retry"}),
+    "decision": frozenset({"callback", "targets", "retry"}),
+    "wait": frozenset({"next", "signals", "on_signal", "apply", "retry"}),
     "end": frozenset(),
     "fail": frozenset({"reason"}),
 }
-_OPTIONAL_FIELDS = ("next", "callback", "targets", "signals", "on_signal", "apply", "reason")
+_OPTIONAL_FIELDS = (
+    "next",
+    "callback",
+    "targets",
+    "signals",
+    "on_signal",
+    "apply",
+    "reason",
+    "retry",
+)
 
 
 def _fail(plan: Plan, step_id: Any, rule: str) -> NoReturn:
@@ -128,6 +139,8 @@ def _check_step(plan: Plan, step: Step) -> None:
     if step.kind not in STEP_KINDS:
         _fail(plan, step.id, f"unknown step kind {step.kind!r} (known: {sorted(STEP_KINDS)})")
     allowed = _ALLOWED_FIELDS[step.kind]
+    if step.retry is not None and not isinstance(step.retry, RetryPolicy):
+        _fail(plan, step.id, "retry must be a policy built with Retry(...)")
     for name in _OPTIONAL_FIELDS:
         if name not in allowed and getattr(step, name):
             _fail(plan, step.id, f"{step.kind} steps take no {name}")

@@ -121,6 +121,14 @@ def apply_signal(
     return _run(plan, state, target, facts, decisions)
 
 
+def resume(
+    plan: Plan, state_json: dict[str, Any] | None, step_id: str, facts: RunFacts
+) -> DriveResult:
+    """Drive on from ``step_id`` with the stored state (a retry re-driving a failed instance)."""
+    plan.step(step_id)  # an unknown step is a definition error naming it
+    return _run(plan, plan.state_from_json(state_json), step_id, facts, [])
+
+
 def drive(
     plan: Plan,
     *,
@@ -225,4 +233,4 @@ def _run(
     raise exc
 
 
-__all__ = ["Decision", "DriveResult", "RunFacts", "apply_signal", "drive", "start"]
+__all__ = ["Decision", "DriveResult", "RunFacts", "apply_signal", "drive", "resume", "start"]

@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from .. import context
+from .. import context, failures
 from ..conf import workflow_settings
 from ..definitions import Plan, catalog
 from ..engine import decision_log
@@ -34,31 +35,31 @@ from ..store import commands, db, history
 from ..store import segment as segment_store
 from ..store.commands import Head
 from ..store.instances import InstanceRow
+from . import backoff, deadline, recovery
 
 logger = logging.getLogger("vertique_workflow.executor")
 
 # The command kinds this release's engine runs. Others (TIMER and RETRY
 # commands converted by migration 0003, COMPLETION, MIGRATION) are deferred
 # like a plan this node lacks, never failed: a release that runs them will.
-SUPPORTED_KINDS = ("START", "SIGNAL")
+SUPPORTED_KINDS = ("START", "SIGNAL", "RETRY")
 
 
 def default_node_id() -> str:
     return workflow_settings.NODE_ID or f"{socket.gethostname()}:{os.getpid()}"
 
 
-def backoff_seconds(attempt: int) -> float:
-    """Exponential backoff of the n-th failed attempt, capped by BACKOFF_MAX_MS."""
-    base = workflow_settings.BACKOFF_BASE_MS * (2 ** max(attempt - 1, 0))
-    return min(base, workflow_settings.BACKOFF_MAX_MS) / 1000.0
-
-
 @dataclass(frozen=True)
 class Outcome:
-    """What happened to one command."""
+    """What happened to one command (``workflow_id``, ``kind``, ``step`` and
+    ``elapsed_ms`` are filled where known, for the executor's per-command log line)."""
 
-    result: str  # COMPLETED PARKED SETTLED DEAD DEFERRED RETRIED FAILED RELEASED BUSY LOST
+    result: str  # COMPLETED PARKED SETTLED DEAD DEFERRED RETRIED FAILED RELEASED BUSY LOST REJECTED
     command_id: int
+    workflow_id: Any = None
+    kind: str | None = None
+    step: str | None = None
+    elapsed_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Claimed:
     workflow_id: Any
     token: Any
     attempts: int
+    kind: str = ""
 
 
 def resident_pins() -> list[tuple[str, int, str]]:
@@ -87,7 +89,7 @@ def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Out
     )
     if claimed is None:
         return None
-    claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts)
+    claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, claimed.kind)
     if should_stop is not None and should_stop():
         commands.release(claim.command_id, claim.token)
         return Outcome("RELEASED", claim.command_id)
@@ -111,6 +113,8 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
             reason = _not_runnable(head)
         elif head.kind not in SUPPORTED_KINDS:
             reason = f"this release does not run {head.kind} commands yet"
+        elif head.kind == "RETRY" and head.branch_addressed:
+            reason = "this release does not run branch-addressed RETRY commands yet"
         if reason is not None:
             with transaction.atomic(using=db.alias()):
                 count = commands.defer(head.id, head, reason)
@@ -131,7 +135,7 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
         commands.release(head.id, claim.token)
         return Outcome("RELEASED", head.id)
     return run_claimed(
-        Claimed(head.id, head.workflow_id, claim.token, claim.attempts), plan, node_id
+        Claimed(head.id, head.workflow_id, claim.token, claim.attempts, head.kind), plan, node_id
     )
 
 
@@ -143,70 +147,167 @@ def _not_runnable(head: Head) -> str:
 
 
 def run_claimed(claim: Claimed, plan: Plan | None, node_id: str) -> Outcome:
-    """Run the segment of a claimed command and settle whatever happens."""
+    """Run the segment of a claimed command and settle whatever happens.
+
+    The segment runs under its deadline (``executor/deadline.py``). Failures:
+    a retryable database error or the deadline restores the attempt and backs
+    off by the transient count; ``NonRetryable``, an exception class the
+    step's policy never retries, or a broken plan fail the command and the
+    instance at once; any other exception spends the attempt, backs off by
+    the step's policy and is dead-lettered when the step's attempts are spent.
+    The stored texts come from :mod:`vertique_workflow.failures`; what the
+    code raised is logged here, with instance, command and step, only.
+    """
+    started = time.monotonic()
+    bound: deadline.Deadline | None = None
     try:
-        with transaction.atomic(using=db.alias()):
-            result = _segment(claim, plan, node_id)
-        return Outcome(result, claim.command_id)
-    except (NonRetryable, WorkflowDefinitionError) as exc:
-        return _fail(claim, exc)
+        with (
+            deadline.bounded(workflow_settings.SEGMENT_DEADLINE_MS) as bound,
+            transaction.atomic(using=db.alias()),
+        ):
+            result, step = _segment(claim, plan, node_id)
+        return _outcome(claim, result, step, started)
+    except NonRetryable as exc:
+        return _fail(claim, exc.reason_code, exc, started)
+    except WorkflowDefinitionError as exc:
+        return _fail(claim, "DEFINITION_BROKEN", exc, started)
     except DatabaseError as exc:
-        if db.is_retryable(exc):
-            commands.retry_transient(
-                claim.command_id,
-                claim.token,
-                backoff_seconds(1),
-                f"database error {db.sqlstate(exc) or 'unknown'}",
-            )
-            return Outcome("RETRIED", claim.command_id)
-        return _code_error(claim, exc)
+        _drop_broken_connection()
+        if (bound is not None and bound.expired()) or db.is_retryable(exc):
+            return _transient(claim, exc, bound, started)
+        return _code_error(claim, plan, exc, started)
     except Exception as exc:  # workflow code raised: the segment rolled back
-        return _code_error(claim, exc)
+        return _code_error(claim, plan, exc, started)
 
 
-def _code_error(claim: Claimed, exc: BaseException) -> Outcome:
-    step = getattr(exc, STEP_ATTRIBUTE, None)
-    where = f"step {step!r}" if step else "workflow code"
-    maximum = workflow_settings.MAX_ATTEMPTS
-    logger.warning(
-        "command %s of %s: %s raised (attempt %s of %s)",
+def _outcome(claim: Claimed, result: str, step: str | None, started: float) -> Outcome:
+    return Outcome(
+        result,
         claim.command_id,
         claim.workflow_id,
-        where,
+        claim.kind or None,
+        step,
+        (time.monotonic() - started) * 1000.0,
+    )
+
+
+def _drop_broken_connection() -> None:
+    """A session the deadline (or the network) ended: reconnect for the settlement."""
+    wrapper = db.connection()
+    raw = wrapper.connection
+    if raw is not None and (raw.closed or raw.broken):
+        wrapper.close()
+
+
+def _transient(
+    claim: Claimed, exc: BaseException, bound: deadline.Deadline | None, started: float
+) -> Outcome:
+    if bound is not None and bound.expired():
+        message = f"the segment passed its deadline of {bound.ms} ms (SEGMENT_DEADLINE_MS)"
+    else:
+        message = f"database error {db.sqlstate(exc) or 'without SQLSTATE'}; attempt restored"
+    logger.warning(
+        "command %s of %s: transient failure (%s): %s",
+        claim.command_id,
+        claim.workflow_id,
+        type(exc).__name__,
+        message,
+    )
+    commands.retry_transient(
+        claim.command_id,
+        claim.token,
+        failures.transient(message),
+        base_ms=int(workflow_settings.BACKOFF_BASE_MS),
+        max_ms=int(workflow_settings.BACKOFF_MAX_MS),
+    )
+    return _outcome(claim, "RETRIED", None, started)
+
+
+def _step_policy(plan: Plan | None, step: str | None) -> backoff.Effective:
+    policy = None
+    if plan is not None and step is not None and step in plan.steps:
+        policy = plan.steps[step].retry
+    return backoff.effective(policy)
+
+
+def _code_error(claim: Claimed, plan: Plan | None, exc: BaseException, started: float) -> Outcome:
+    step = getattr(exc, STEP_ATTRIBUTE, None)
+    policy = _step_policy(plan, step)
+    if policy.never_retried(exc):
+        return _fail(claim, "NON_RETRYABLE", exc, started)
+    exhausted = claim.attempts >= policy.max_attempts
+    logger.warning(
+        "command %s (%s) of %s: step %s raised (attempt %s of %s)%s",
+        claim.command_id,
+        claim.kind or "?",
+        claim.workflow_id,
+        step or "-",
         claim.attempts,
-        maximum,
+        policy.max_attempts,
+        "; dead-lettered" if exhausted else "",
         exc_info=exc,
     )
+    kind = claim.kind or "claimed"
+    if exhausted:
+        reason = failures.attempts_exhausted(
+            step, kind, claim.attempts, policy.max_attempts, "STEP_FAILED"
+        )
+        outcome = _settle_failure(
+            claim, lambda: commands.dead_letter(claim.command_id, claim.token, reason, step)
+        )
+        return _outcome(claim, "DEAD" if outcome == "DEAD" else outcome, step, started)
     commands.retry_after_error(
         claim.command_id,
         claim.token,
-        backoff_seconds(claim.attempts),
-        "STEP_FAILED",
-        f"{where} raised an error (attempt {claim.attempts} of {maximum})",
+        policy.delay_seconds(claim.attempts),
+        failures.step_failed(step, kind, claim.attempts, policy.max_attempts),
     )
-    return Outcome("RETRIED", claim.command_id)
+    return _outcome(claim, "RETRIED", step, started)
 
 
-def _fail(claim: Claimed, exc: BaseException) -> Outcome:
-    code = "NON_RETRYABLE" if isinstance(exc, NonRetryable) else "DEFINITION_BROKEN"
-    message = str(exc)[:1000] or code
+def _fail(claim: Claimed, code: str, exc: BaseException, started: float) -> Outcome:
+    step = getattr(exc, STEP_ATTRIBUTE, None) or getattr(exc, "step_id", None)
+    logger.error(
+        "command %s (%s) of %s: step %s failed with %s, not retried",
+        claim.command_id,
+        claim.kind or "?",
+        claim.workflow_id,
+        step or "-",
+        code,
+        exc_info=exc,
+    )
+    reason = failures.non_retryable(code, step, claim.kind or "claimed", claim.attempts)
+    outcome = _settle_failure(
+        claim, lambda: commands.fail(claim.command_id, claim.token, code, reason, step)
+    )
+    return _outcome(claim, outcome, step, started)
+
+
+def _settle_failure(claim: Claimed, settle: Callable[[], str]) -> str:
+    """Run a failure disposition in transactions of its own until the lock is free."""
     for _ in range(50):
         with transaction.atomic(using=db.alias()):
-            outcome = commands.fail(claim.command_id, claim.token, code, message)
+            outcome = settle()
         if outcome != "BUSY":
-            return Outcome("FAILED" if outcome == "FAILED" else "LOST", claim.command_id)
-    return Outcome("BUSY", claim.command_id)
+            return {"FAILED": "FAILED", "DEAD": "DEAD"}.get(outcome, "LOST")
+        time.sleep(0.05)  # a recording holds the execution lock for a moment
+    return "BUSY"
 
 
-def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> str:
+def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> tuple[str, str | None]:
+    """The segment's statements and drive; returns (result, the step the instance is at)."""
     segment_store.begin(
         claim.workflow_id,
-        deadline_ms=workflow_settings.SEGMENT_DEADLINE_MS,
         lock_timeout_ms=workflow_settings.LOCK_TIMEOUT_MS,
+        transaction_timeout_ms=(
+            workflow_settings.SEGMENT_DEADLINE_MS
+            if deadline.server_has_transaction_timeout()
+            else None
+        ),
     )
     loaded = segment_store.fence_and_load(claim.command_id, claim.token)
     if loaded is None:
-        return "LOST"
+        return "LOST", None
     command, row = loaded.command, loaded.instance
     if plan is None:
         raise WorkflowDefinitionError(
@@ -222,15 +323,34 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> str:
         command_kind=command.kind,
         actor=command.actor,
     )
+    if command.kind == "RETRY":
+        return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None
     signal_name = (command.target or {}).get("name") if command.kind == "SIGNAL" else None
-    if signal_name is not None and (command.target or {}).get("branchId"):
-        # no step of this release runs branches: a branch-addressed signal waits
+    if signal_name is not None and (
+        (command.target or {}).get("branchId") or row.status == "FAILED"
+    ):
+        # a branch-addressed signal waits for a release that runs branches; a
+        # signal to a FAILED instance waits for its retry (FAILED is retryable)
         result = DriveResult(
             applied=False, status=row.status, current_step=row.current_step_id, state=row.state_json
         )
     else:
         result = _drive(plan, command, row, signal_name, facts)
-    return _settle_segment(claim, loaded, result, signal_name, node_id)
+    return _settle_segment(claim, loaded, result, signal_name, node_id), result.current_step
+
+
+def _common(loaded: segment_store.Loaded, node_id: str) -> dict[str, Any]:
+    """The columns every history entry of this segment carries."""
+    command, row = loaded.command, loaded.instance
+    return {
+        "command_id": command.id,
+        "executor_id": command.claimed_by or node_id,
+        "definition_scope_key": row.definition_scope_key,
+        "definition_id": row.definition_id,
+        "definition_version": row.definition_version,
+        "plan_hash": row.plan_hash,
+        **command.actor.history_columns(),
+    }
 
 
 def _drive(
@@ -256,15 +376,7 @@ def _settle_segment(
     node_id: str,
 ) -> str:
     command, row = loaded.command, loaded.instance
-    common = {
-        "command_id": command.id,
-        "executor_id": command.claimed_by or node_id,
-        "definition_scope_key": row.definition_scope_key,
-        "definition_id": row.definition_id,
-        "definition_version": row.definition_version,
-        "plan_hash": row.plan_hash,
-        **command.actor.history_columns(),
-    }
+    common = _common(loaded, node_id)
     if not result.applied:
         commands.park(command.id, claim.token)
         history.append(
@@ -341,7 +453,12 @@ def _entries(
             HistoryEntry("WORKFLOW_COMPLETED", {"step": result.current_step}, outcome="COMPLETED")
         )
     elif result.status == "FAILED":
+        # the reference's FAILED entry (step id null); WORKFLOW_FAILED is the event
         entries.append(
-            HistoryEntry("WORKFLOW_FAILED", {"reason": result.error_message}, outcome="FAILED")
+            HistoryEntry(
+                "FAILED",
+                {"reason": result.error_message, "step": result.current_step},
+                outcome="FAILED",
+            )
         )
     return entries

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import failures
 from ..engine.decision_log import HistoryEntry
 from . import db, history
 from .eligibility import claimable
@@ -27,17 +28,29 @@ T = db.T
 # own, second derived from the instance id (definition locks are one bigint,
 # so the two never collide).
 EXECUTION_LOCK_NAMESPACE = 0x56574600
-LAST_ERROR_MAX = 4000
+LAST_ERROR_MAX = failures.LAST_ERROR_MAX
 ENDED = ENDED_SQL
 
-# set_config runs left to right; the third call restores the caller's value.
-LOCK_INSTANCE = f"""
-WITH prev AS (SELECT current_setting('lock_timeout') AS previous)
-SELECT set_config('lock_timeout', %s, true),
+
+def execution_lock_sql(*, before: str = "") -> str:
+    """The execution-lock statement: ``lock_timeout`` for this one wait, then restored.
+
+    The caller's ``lock_timeout`` is read in a MATERIALIZED CTE, so it is
+    evaluated before the first ``set_config`` (an inlined CTE would be read
+    after it and "restore" the new value). The second parameter is the
+    instance id. ``before`` adds select-list items evaluated first (the
+    segment sets its deadline there).
+    """
+    return f"""
+WITH prev AS MATERIALIZED (SELECT current_setting('lock_timeout') AS previous)
+SELECT {before}set_config('lock_timeout', %s, true),
        pg_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text)),
        set_config('lock_timeout', prev.previous, true)
 FROM prev
 """
+
+
+LOCK_INSTANCE = execution_lock_sql()
 
 TRY_LOCK_INSTANCE = f"""
 SELECT pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text))
@@ -76,7 +89,7 @@ WHERE workflow_id = %s AND open_signals < %s
 
 PEEK = f"""
 SELECT c.id, c.workflow_id, c.seq, c.kind, i.status, i.definition_scope_key, i.definition_id,
-       i.definition_version, i.plan_hash
+       i.definition_version, i.plan_hash, COALESCE(c.target_json ? 'branchId', FALSE)
 FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
 WHERE {claimable("c")}
 ORDER BY c.available_at, c.id
@@ -104,6 +117,7 @@ cand AS (
       AND i.status NOT IN {ENDED}
       AND c.attempts < %(max_attempts)s
       AND c.kind = ANY(%(kinds)s::text[])
+      AND NOT (c.kind = 'RETRY' AND COALESCE(c.target_json ? 'branchId', FALSE))
       AND (i.definition_id, i.definition_version, i.plan_hash) IN (
           SELECT * FROM unnest(%(ids)s::text[], %(versions)s::int[], %(hashes)s::text[]))
     ORDER BY c.available_at
@@ -124,7 +138,7 @@ RETURNING c.id, c.workflow_id, c.seq, c.kind, c.claim_token, c.attempts,
 CLAIM_READ = f"""
 SELECT c.id, c.workflow_id, c.seq, c.kind, c.attempts, c.target_json, c.task_id,
        c.actor_kind, c.actor_id, c.actor_reason, c.on_behalf_of, c.attribution_status,
-       i.status
+       i.status, c.last_error
 FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
 WHERE c.id = %s AND {claimable("c")}
 FOR UPDATE OF c
@@ -201,12 +215,16 @@ SET state = 'PENDING', attempts = attempts - 1, claim_token = NULL, lease_until 
 WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
 """
 
+# The backoff grows with the command's own transient_count (jittered by a factor
+# in [0.5, 1]), so a command stuck on a lock or a deadline backs off further each time.
 RETRY_TRANSIENT = f"""
 UPDATE {T["commands"]}
 SET state = 'PENDING', attempts = attempts - 1, transient_count = transient_count + 1,
-    available_at = now() + make_interval(secs => %s), claim_token = NULL, lease_until = NULL,
-    last_error = %s
-WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
+    available_at = now() + make_interval(secs =>
+        LEAST(%(max_ms)s, %(base_ms)s * power(2, LEAST(transient_count, 30)))
+        * (0.5 + random() / 2) / 1000.0),
+    claim_token = NULL, lease_until = NULL, last_error = %(last_error)s
+WHERE id = %(id)s AND state = 'CLAIMED' AND claim_token = %(token)s
 """
 
 # A failed attempt keeps its spent attempt; the next claim dead-letters it at
@@ -219,10 +237,12 @@ WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s
 """
 
 FENCE_FOR_FAILURE = f"""
-SELECT id, workflow_id, seq, kind, actor_kind, actor_id, actor_reason, on_behalf_of,
-       attribution_status, claimed_by
+SELECT id, workflow_id, seq, kind, target_json, actor_kind, actor_id, actor_reason, on_behalf_of,
+       attribution_status, claimed_by, CASE WHEN kind = 'START' THEN payload_json END
 FROM {T["commands"]} WHERE id = %s AND state = 'CLAIMED' AND claim_token = %s FOR UPDATE
 """
+
+WORKFLOW_OF = f"SELECT workflow_id FROM {T['commands']} WHERE id = %s"
 
 DEFER = f"""
 UPDATE {T["commands"]}
@@ -262,15 +282,72 @@ WITH doomed AS (
 SELECT id, seq, kind, target_json, timer_id, task_id FROM cancelled ORDER BY id
 """
 
+# -- recovery (a RETRY command's segment, under the execution lock) ----------
+
+# Whether the instance has dead letters, and the payload of its latest FAILED
+# entry (which command failed it, and where a retry resumes it).
+RECOVERY_FACTS = f"""
+SELECT EXISTS (SELECT 1 FROM {T["commands"]} WHERE workflow_id = %(wf)s AND state = 'DEAD'),
+       (SELECT payload_json FROM {T["history"]}
+        WHERE workflow_id = %(wf)s AND event_type = 'FAILED'
+        ORDER BY sequence DESC LIMIT 1)
+"""
+
+READ_START = f"""
+SELECT id, seq, state, payload_json FROM {T["commands"]}
+WHERE workflow_id = %s AND kind = 'START'
+"""
+
+SUPERSEDE_DEAD_START = f"""
+UPDATE {T["commands"]}
+SET state = 'SUPERSEDED', claim_token = NULL, lease_until = NULL, settled_at = now(),
+    last_error = %s
+WHERE workflow_id = %s AND kind = 'START' AND state = 'DEAD'
+RETURNING id, seq
+"""
+
+# Every DEAD command (and the FAILED command a retry re-runs) back to PENDING
+# with attempts 0, available now; open_signals rises by the re-offered signals
+# without the cap check (their slots were released when they failed).
+REOFFER = f"""
+WITH offered AS (
+    UPDATE {T["commands"]}
+    SET state = 'PENDING', attempts = 0, claim_token = NULL, lease_until = NULL,
+        available_at = LEAST(available_at, now()), settled_at = NULL, last_error = NULL
+    WHERE workflow_id = %(wf)s
+      AND (state = 'DEAD' OR (id = %(failed)s AND state = 'FAILED'))
+    RETURNING id, seq, kind
+), raised AS (
+    UPDATE {T["command_queues"]}
+    SET open_signals = open_signals + (SELECT count(*) FROM offered WHERE kind = 'SIGNAL')
+    WHERE workflow_id = %(wf)s AND EXISTS (SELECT 1 FROM offered WHERE kind = 'SIGNAL')
+)
+SELECT id, seq, kind FROM offered ORDER BY id
+"""
+
+# Record side of wf.retry(): whether there is anything to retry, and an open RETRY.
+RETRY_NEEDED = f"""
+SELECT EXISTS (SELECT 1 FROM {T["commands"]} WHERE workflow_id = %(wf)s AND state = 'DEAD'),
+       (SELECT id FROM {T["commands"]}
+        WHERE workflow_id = %(wf)s AND kind = 'RETRY'
+          AND state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+          AND NOT COALESCE(target_json ? 'branchId', FALSE)
+        ORDER BY id LIMIT 1)
+"""
+
+# How an instance is doing: dead and parked counts (one read of the partial index).
+HEALTH = f"""
+SELECT count(*) FILTER (WHERE state = 'DEAD'), count(*) FILTER (WHERE state = 'PARKED')
+FROM {T["commands"]} WHERE workflow_id = %s AND state IN ('PARKED', 'DEAD')
+"""
+
 EARLIEST_AVAILABILITY_DELAY_MS = f"""
 SELECT ceil(extract(epoch FROM (min(available_at) - now())) * 1000)::bigint
 FROM {T["commands"]} WHERE state IN ('PENDING', 'DEFERRED') AND available_at > now()
 """
 
 
-def error_text(reason_code: str, message: str) -> str:
-    """``<REASON_CODE>: <message>`` bounded to 4000 characters."""
-    return f"{reason_code}: {message}"[:LAST_ERROR_MAX]
+error_text = failures.text
 
 
 @dataclass(frozen=True)
@@ -318,6 +395,7 @@ class Head:
     definition_id: str
     definition_version: int
     plan_hash: str
+    branch_addressed: bool = False
 
     @property
     def instance_ended(self) -> bool:
@@ -455,6 +533,7 @@ def claim(
         a_obo,
         a_status,
         instance_status,
+        previous_error,
     ) = row
     target = db.load_json(target)
     actor = actor_from_row(a_kind, a_id, a_reason, a_obo, a_status)
@@ -476,19 +555,9 @@ def claim(
         )
         return Claim("SETTLED", cid)
     if attempts >= max_attempts:
-        reason = error_text(
-            "ATTEMPTS_EXHAUSTED", f"{kind} command failed {attempts} of {max_attempts} attempts"
-        )
-        _settle(cid, "DEAD", reason)
-        entries = [
-            HistoryEntry("COMMAND_DEAD_LETTERED", _command_payload(cid, seq, kind, target, reason))
-        ]
-        if kind == "START":
-            from . import instances
-
-            if instances.mark_failed(wf, "ATTEMPTS_EXHAUSTED", reason):
-                entries.append(HistoryEntry("WORKFLOW_FAILED", {"reason": reason}))
-        history.append(wf, entries, **common)
+        cause = failures.parse(previous_error)
+        reason = failures.attempts_exhausted(cause.step, kind, attempts, max_attempts, cause.code)
+        _dead_letter(cid, wf, seq, kind, target, reason, cause.step, None, common)
         return Claim("DEAD", cid)
     claimed = db.fetchone(CLAIM_UPDATE, (lease_seconds, node_id, cid))
     assert claimed is not None
@@ -590,43 +659,126 @@ def release(command_id: int, token: Any) -> int:
     return db.execute(RELEASE, (command_id, token))
 
 
-def retry_transient(command_id: int, token: Any, backoff_seconds: float, message: str) -> int:
+def retry_transient(command_id: int, token: Any, reason: str, *, base_ms: int, max_ms: int) -> int:
+    """Back to PENDING with the attempt restored, after a backoff of its transient count."""
     return db.execute(
         RETRY_TRANSIENT,
-        (backoff_seconds, error_text("TRANSIENT_FAILURE", message), command_id, token),
+        {
+            "id": command_id,
+            "token": token,
+            "last_error": reason,
+            "base_ms": base_ms,
+            "max_ms": max_ms,
+        },
     )
 
 
-def retry_after_error(
-    command_id: int, token: Any, backoff_seconds: float, reason_code: str, message: str
-) -> int:
-    return db.execute(
-        RETRY_AFTER_ERROR, (backoff_seconds, error_text(reason_code, message), command_id, token)
-    )
+def retry_after_error(command_id: int, token: Any, backoff_seconds: float, reason: str) -> int:
+    """Back to PENDING after a failed attempt (spent), available after the backoff."""
+    return db.execute(RETRY_AFTER_ERROR, (backoff_seconds, reason, command_id, token))
 
 
-def fail(command_id: int, token: Any, reason_code: str, message: str) -> str:
-    """Failure disposition, in a transaction of its own: BUSY, CLAIM_LOST or FAILED.
+def _dead_letter(
+    cid: int,
+    wf: Any,
+    seq: int,
+    kind: str,
+    target: Any,
+    reason: str,
+    step: str | None,
+    start_payload: Any,
+    common: dict[str, Any],
+) -> None:
+    """DEAD with a COMMAND_DEAD_LETTERED entry; a dead START also fails its instance.
 
-    The command becomes FAILED and its instance FAILED (unless already ended
-    or failed) with a FAILED history entry.
+    The caller holds the execution lock and the command's row lock.
     """
     from . import instances
 
-    row = db.fetchone(FENCE_FOR_FAILURE, (command_id, token))
+    entries = [
+        HistoryEntry("COMMAND_DEAD_LETTERED", _command_payload(cid, seq, kind, target, reason))
+    ]
+    if kind == "START":
+        resumed = instances.mark_failed(
+            wf, "ATTEMPTS_EXHAUSTED", reason, step=step, state_if_none=start_payload
+        )
+        if resumed is not None:
+            entries.append(_failed_entry(cid, reason, step, resumed))
+    _settle(cid, "DEAD", reason)
+    history.append(wf, entries, **common)
+
+
+def _failed_entry(
+    cid: int, reason: str, step: str | None, resumed: tuple[str, str | None]
+) -> HistoryEntry:
+    """The reference's FAILED entry (step id null); names where a retry resumes."""
+    return HistoryEntry(
+        "FAILED",
+        {
+            "reason": reason,
+            "commandId": cid,
+            "step": step,
+            "resumeStatus": resumed[0],
+            "resumeStep": resumed[1],
+        },
+        outcome="FAILED",
+    )
+
+
+def _fenced_for_failure(command_id: int, token: Any) -> tuple[Any, ...] | str:
+    """Failure dispositions: the execution lock first, then the fenced command row.
+
+    Lock order (the reference): execution lock, then rows; a busy lock answers
+    BUSY and writes nothing, a lost claim CLAIM_LOST.
+    """
+    row = db.fetchone(WORKFLOW_OF, (command_id,))
     if row is None:
         return "CLAIM_LOST"
-    cid, wf, _seq, _kind, *rest = row
-    actor = actor_from_row(*rest[:5])
-    if not try_lock_instance(wf):
+    if not try_lock_instance(row[0]):
         return "BUSY"
-    reason = error_text(reason_code, message)
-    _settle(cid, "FAILED", reason, token=token)
+    fenced = db.fetchone(FENCE_FOR_FAILURE, (command_id, token))
+    return "CLAIM_LOST" if fenced is None else fenced
+
+
+def fail(command_id: int, token: Any, reason_code: str, reason: str, step: str | None) -> str:
+    """Failure disposition, in a transaction of its own: BUSY, CLAIM_LOST or FAILED.
+
+    ``reason`` is the stored text (``failures``). The command becomes FAILED
+    and its instance FAILED at ``step`` (unless already ended or failed) with
+    a FAILED history entry; writes go instances, then commands and queues.
+    """
+    from . import instances
+
+    fenced = _fenced_for_failure(command_id, token)
+    if isinstance(fenced, str):
+        return fenced
+    cid, wf, _seq, _kind, _target, *rest = fenced
+    actor = actor_from_row(*rest[:5])
+    start_payload = db.load_json(rest[6])
     entries = []
-    if instances.mark_failed(wf, reason_code, reason):
-        entries.append(HistoryEntry("WORKFLOW_FAILED", {"reason": reason, "commandId": cid}))
+    resumed = instances.mark_failed(wf, reason_code, reason, step=step, state_if_none=start_payload)
+    if resumed is not None:
+        entries.append(_failed_entry(cid, reason, step, resumed))
+    _settle(cid, "FAILED", reason, token=token)
     history.append(wf, entries, command_id=cid, executor_id=rest[5], **actor.history_columns())
     return "FAILED"
+
+
+def dead_letter(command_id: int, token: Any, reason: str, step: str | None) -> str:
+    """Dead-letter a claimed command whose failing step spent its attempts: BUSY, CLAIM_LOST, DEAD.
+
+    The same writes as the claim's dead letter, in a transaction of its own.
+    """
+    fenced = _fenced_for_failure(command_id, token)
+    if isinstance(fenced, str):
+        return fenced
+    cid, wf, seq, kind, target, *rest = fenced
+    actor = actor_from_row(*rest[:5])
+    common = {"command_id": cid, "executor_id": rest[5], **actor.history_columns()}
+    _dead_letter(
+        cid, wf, seq, kind, db.load_json(target), reason, step, db.load_json(rest[6]), common
+    )
+    return "DEAD"
 
 
 def defer(command_id: int, head: Head, reason: str) -> int:
@@ -683,6 +835,56 @@ def cancel_all(workflow_id: Any) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+@dataclass(frozen=True)
+class RecoveryFacts:
+    has_dead: bool
+    failed_entry: dict[str, Any] | None
+
+
+def recovery_facts(workflow_id: Any) -> RecoveryFacts:
+    row = db.fetchone(RECOVERY_FACTS, {"wf": workflow_id})
+    assert row is not None
+    entry = db.load_json(row[1])
+    return RecoveryFacts(bool(row[0]), entry if isinstance(entry, dict) else None)
+
+
+def read_start(workflow_id: Any) -> tuple[int, int, str, Any] | None:
+    """The instance's START command: (id, seq, state, payload)."""
+    row = db.fetchone(READ_START, (workflow_id,))
+    return None if row is None else (row[0], row[1], row[2], db.load_json(row[3]))
+
+
+def supersede_dead_start(workflow_id: Any) -> tuple[int, int] | None:
+    """A DEAD START becomes SUPERSEDED (a START in any other state is left alone)."""
+    reason = error_text("SUPERSEDED", "START command superseded by a retry")
+    row = db.fetchone(SUPERSEDE_DEAD_START, (reason, workflow_id))
+    return None if row is None else (row[0], row[1])
+
+
+def reoffer(workflow_id: Any, failed_command_id: int | None) -> list[tuple[int, int, str]]:
+    """Re-offer every DEAD command and the FAILED one a retry re-runs (one statement)."""
+    rows = db.fetchall(REOFFER, {"wf": workflow_id, "failed": failed_command_id})
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def retry_needed(workflow_id: Any) -> tuple[bool, int | None]:
+    """(has dead letters, id of an open RETRY command)."""
+    row = db.fetchone(RETRY_NEEDED, {"wf": workflow_id})
+    assert row is not None
+    return bool(row[0]), row[1]
+
+
+def health(workflow_id: Any) -> tuple[int, int]:
+    """(dead, parked) command counts of an instance."""
+    row = db.fetchone(HEALTH, (workflow_id,))
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def reject(command_id: int, token: Any, reason: str) -> str | None:
+    """Settle a claimed command REJECTED with a reason (fenced on the claim)."""
+    return _settle(command_id, "REJECTED", reason, token=token)
 
 
 def earliest_availability_delay_ms() -> int | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -15,10 +17,30 @@ from ..tables import sql_names
 
 T = sql_names()
 
-RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03", "57014")
+# serialization failure, deadlock, lock timeout, statement cancelled (deadline),
+# session ended by transaction_timeout or by the deadline watchdog
+RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03", "57014", "25P04", "57P01")
 
 
 _alias_override: str | None = None
+_local = threading.local()
+
+
+class DeadlinePassed(DatabaseError):
+    """A statement refused because the running segment passed its deadline (retryable)."""
+
+    sqlstate = "57014"
+
+
+def set_deadline(expires: float | None) -> None:
+    """Refuse this thread's prepared statements after ``expires`` (``time.monotonic()``)."""
+    _local.deadline = expires
+
+
+def check_deadline() -> None:
+    expires = getattr(_local, "deadline", None)
+    if expires is not None and time.monotonic() >= expires:
+        raise DeadlinePassed("the segment passed SEGMENT_DEADLINE_MS")
 
 
 def alias() -> str:
@@ -58,6 +80,7 @@ def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     """
     import psycopg
 
+    check_deadline()
     wrapper = connection()
     wrapper.ensure_connection()
     # Django's error wrapper: callers see django.db errors, as from any cursor

@@ -55,6 +55,21 @@ FROM {T["history"]} WHERE workflow_id = %s ORDER BY sequence
 """
 
 
+LAST_FAILURE = f"""
+SELECT payload_json ->> 'reason', created_at, COALESCE((payload_json ->> 'commandId')::bigint,
+       command_id)
+FROM {T["history"]}
+WHERE workflow_id = %s AND event_type IN ('FAILED', 'COMMAND_DEAD_LETTERED')
+ORDER BY sequence DESC LIMIT 1
+"""
+
+
+def last_failure(workflow_id: Any) -> tuple[str, Any, int | None] | None:
+    """(stored reason, when, command id) of the latest FAILED or COMMAND_DEAD_LETTERED entry."""
+    row = db.fetchone(LAST_FAILURE, (workflow_id,))
+    return None if row is None else (row[0] or "", row[1], row[2])
+
+
 def entry_row(entry: HistoryEntry, common: dict[str, Any]) -> dict[str, Any]:
     row = {
         "event_type": entry.event_type,

@@ -29,11 +29,21 @@ SELECT id, definition_id, definition_version, plan_hash, status, current_step_id
 FROM {T["instances"]} WHERE id = %s
 """
 
+# FAILED at the step that failed (kept when unknown), with the start payload as
+# the state of an instance that never ran; returns where it stood before, which
+# is where a retry resumes it.
 MARK_FAILED = f"""
-UPDATE {T["instances"]}
-SET status = 'FAILED', error_type = %s, error_message = %s, completed_at = now(),
-    updated_at = now(), version = version + 1
-WHERE id = %s AND status NOT IN {ENDED_SQL} AND status <> 'FAILED'
+WITH old AS (
+    SELECT id, status, current_step_id FROM {T["instances"]} WHERE id = %(wf)s FOR UPDATE
+)
+UPDATE {T["instances"]} i
+SET status = 'FAILED', error_type = %(code)s, error_message = %(message)s, completed_at = now(),
+    updated_at = now(), version = i.version + 1,
+    current_step_id = COALESCE(%(step)s, i.current_step_id),
+    state_json = COALESCE(i.state_json, %(state)s::jsonb)
+FROM old
+WHERE i.id = old.id AND old.status NOT IN {ENDED_SQL} AND old.status <> 'FAILED'
+RETURNING old.status, old.current_step_id
 """
 
 MARK_CANCELLED = f"""
@@ -117,8 +127,26 @@ def row_from_values(row: Sequence[Any]) -> InstanceRow:
     return InstanceRow(*values)
 
 
-def mark_failed(instance_id: Any, error_type: str, message: str) -> bool:
-    return db.execute(MARK_FAILED, (error_type, message, instance_id)) == 1
+def mark_failed(
+    instance_id: Any,
+    error_type: str,
+    message: str,
+    *,
+    step: str | None = None,
+    state_if_none: Any = None,
+) -> tuple[str, str | None] | None:
+    """FAILED (unless ended or failed); returns the (status, step) it had, None: unchanged."""
+    row = db.fetchone(
+        MARK_FAILED,
+        {
+            "wf": instance_id,
+            "code": error_type,
+            "message": message,
+            "step": step,
+            "state": None if state_if_none is None else json.dumps(state_if_none),
+        },
+    )
+    return None if row is None else (row[0], row[1])
 
 
 def mark_cancelled(instance_id: Any, message: str) -> bool:

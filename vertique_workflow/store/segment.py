@@ -19,23 +19,20 @@ from typing import Any
 
 from ..engine.decision_log import HistoryEntry
 from . import db
-from .commands import EXECUTION_LOCK_NAMESPACE, FencedCommand, actor_from_row
+from .commands import FencedCommand, actor_from_row, execution_lock_sql
 from .eligibility import at_head
 from .history import HISTORY_COLUMNS, HISTORY_RECORDSET, HISTORY_SELECTED, entry_row
 from .instances import InstanceRow, row_from_values
 
 T = db.T
 
-# statement_timeout bounds the rest of the transaction; lock_timeout applies to
-# this one lock wait only and is restored in the same statement.
-BEGIN_SEGMENT = f"""
-WITH prev AS (SELECT current_setting('lock_timeout') AS previous)
-SELECT set_config('statement_timeout', %s, true),
-       set_config('lock_timeout', %s, true),
-       pg_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text)),
-       set_config('lock_timeout', prev.previous, true)
-FROM prev
-"""
+# The execution lock, lock_timeout for that wait only (see commands.execution_lock_sql);
+# on PostgreSQL 17+ transaction_timeout first, so the server ends a segment that
+# passes its deadline (15/16: the executor's deadline watchdog does).
+BEGIN_SEGMENT = execution_lock_sql()
+BEGIN_SEGMENT_WITH_TIMEOUT = execution_lock_sql(
+    before="set_config('transaction_timeout', %s, true),\n       "
+)
 
 FENCE_AND_LOAD = f"""
 SELECT c.id, c.workflow_id, c.seq, c.kind, c.payload_json, c.target_json, c.dedup_key,
@@ -60,7 +57,7 @@ WITH inst AS (
     SET status = %(status)s, current_step_id = %(step)s, state_json = %(state)s::jsonb,
         version = version + 1, error_type = %(error_type)s, error_message = %(error_message)s,
         subject_json = COALESCE(%(subject)s::jsonb, subject_json), updated_at = now(),
-        completed_at = CASE WHEN %(ended)s THEN now() ELSE completed_at END,
+        completed_at = CASE WHEN %(ended)s THEN now() END,
         baseline_logged = TRUE
     WHERE id = %(wf)s AND version = %(version)s
     RETURNING id
@@ -94,10 +91,17 @@ class Loaded:
     has_parked_or_dead: bool
 
 
-def begin(workflow_id: Any, *, deadline_ms: int, lock_timeout_ms: int) -> None:
-    db.fetchone_prepared(
-        BEGIN_SEGMENT, (f"{int(deadline_ms)}ms", f"{int(lock_timeout_ms)}ms", str(workflow_id))
-    )
+def begin(
+    workflow_id: Any, *, lock_timeout_ms: int, transaction_timeout_ms: int | None = None
+) -> None:
+    """The segment's first statement: the execution lock (and transaction_timeout on 17+)."""
+    lock = (f"{int(lock_timeout_ms)}ms", str(workflow_id))
+    if transaction_timeout_ms is None:
+        db.fetchone_prepared(BEGIN_SEGMENT, lock)
+    else:
+        db.fetchone_prepared(
+            BEGIN_SEGMENT_WITH_TIMEOUT, (f"{int(transaction_timeout_ms)}ms", *lock)
+        )
 
 
 def fence_and_load(command_id: int, token: Any) -> Loaded | None:
