@@ -93,13 +93,18 @@ def table_counts() -> dict[str, int]:
 
 @pytest.fixture
 def reset_gates() -> Iterator[None]:
-    from tests.flows.workflows import Blocking, Gate
+    from tests.flows.workflows import Billing, Blocking, Gate, Probes
 
-    Gate.fail_times, Gate.non_retryable, Gate.calls = 0, False, 0
+    def reset() -> None:
+        Gate.fail_times, Gate.non_retryable, Gate.calls = 0, False, 0
+        Billing.fail_times, Billing.non_retryable, Billing.calls = 0, False, 0
+        Probes.lock_timeouts, Probes.iterations, Probes.slow = [], 0, ""
+
+    reset()
     Blocking.entered.clear()
     Blocking.release.clear()
     yield
-    Gate.fail_times, Gate.non_retryable, Gate.calls = 0, False, 0
+    reset()
     Blocking.release.set()
 
 

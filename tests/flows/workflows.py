@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from vertique_workflow.definitions import StepContext, Workflow, action, decision, end, fail, wait
+from vertique_workflow.definitions import (
+    Retry,
+    StepContext,
+    Workflow,
+    action,
+    decision,
+    end,
+    fail,
+    wait,
+)
 
 
 class OrderFlow(Workflow[dict]):
@@ -204,5 +214,104 @@ class GatedFlow(Workflow[dict]):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [GATE_LOCK_KEY])
         return {**state, "passed": True}
+
+    done = end()
+
+
+class Billing:
+    """Switches of BillingFlow's ``charge`` step (reset by ``reset_gates``)."""
+
+    fail_times = 0
+    non_retryable = False
+    calls = 0
+
+
+class BillingFlow(Workflow[dict]):
+    """Waits for "charge", then runs a step that may fail; a failed signal is repairable."""
+
+    id, version, contract = "billing", 1, "billing.v1"
+    signals = {"charge": None, "note": None}
+
+    @action(start=True, next="await_charge")
+    def open(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "opened": True}
+
+    await_charge = wait("charge", next="charge")
+
+    @action(next="await_note")
+    def charge(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from vertique_workflow.exceptions import NonRetryable
+
+        Billing.calls += 1
+        if Billing.non_retryable:
+            raise NonRetryable("CARD_DECLINED", "card 4111 1111 1111 1111 declined")
+        if Billing.fail_times > 0:
+            Billing.fail_times -= 1
+            raise ConnectionError("payment gateway down: secret-token-123")
+        return {**state, "charged": True}
+
+    await_note = wait("note", next="done")
+    done = end()
+
+
+class PolicyFlow(Workflow[dict]):
+    """A step with its own retry policy: two attempts, KeyError never retried."""
+
+    id, version, contract = "policy", 1, "policy.v1"
+
+    @action(
+        start=True,
+        next="done",
+        retry=Retry(max_attempts=2, backoff=datetime.timedelta(milliseconds=5), never=(KeyError,)),
+    )
+    def flaky(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        Gate.calls += 1
+        if state.get("raise") == "key":
+            raise KeyError("missing")
+        if Gate.fail_times > 0:
+            Gate.fail_times -= 1
+            raise RuntimeError("flaky")
+        return {**state, "ok": True}
+
+    done = end()
+
+
+class Probes:
+    """What LockProbeFlow saw (reset by ``reset_gates``)."""
+
+    lock_timeouts: list[str] = []
+    iterations = 0
+    slow = ""
+
+
+PROBE_LOCK_KEY = 0x5EED
+
+
+class LockProbeFlow(Workflow[dict]):
+    """Reads the session's lock_timeout inside a segment, then waits on a lock the test may hold.
+
+    With ``Probes.slow == "small"`` it works in many short statements (at most
+    400 x 50 ms) and with ``"long"`` in one 30 s statement: the segment
+    deadline must stop either long before that.
+    """
+
+    id, version, contract = "lock-probe", 1, "lock-probe.v1"
+
+    @action(start=True, next="done")
+    def probe(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            Probes.lock_timeouts.append(cursor.fetchone()[0])
+            if state.get("lock"):
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PROBE_LOCK_KEY])
+            if Probes.slow == "small":
+                for _ in range(400):
+                    Probes.iterations += 1
+                    cursor.execute("SELECT pg_sleep(0.05)")
+            elif Probes.slow == "long":
+                cursor.execute("SELECT pg_sleep(30)")
+        return {**state, "probed": True}
 
     done = end()

@@ -57,6 +57,7 @@ OUTCOME_COUNTERS = {
     "SETTLED": ("settled",),
     "RELEASED": ("claimed", "released"),
     "LOST": ("claimed", "lost"),
+    "REJECTED": ("claimed", "settled"),
 }
 
 
@@ -70,6 +71,7 @@ class ExecutorOptions:
     stats_interval: float = 10.0
     grace_seconds: float = 30.0
     node_id: str = field(default_factory=segment.default_node_id)
+    log_commands: bool = False  # -v 2: one line per command
 
 
 class Stats:
@@ -78,9 +80,11 @@ class Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
+        self._handled = 0
 
     def record(self, outcome: str) -> None:
         with self._lock:
+            self._handled += 1
             for name in OUTCOME_COUNTERS.get(outcome, ()):
                 self._counts[name] += 1
 
@@ -90,8 +94,9 @@ class Stats:
 
     @property
     def handled(self) -> int:
+        """Commands handled (claimed, deferred, settled or dead-lettered), each once."""
         with self._lock:
-            return sum(self._counts[name] for name in ("claimed", "deferred", "dead", "settled"))
+            return self._handled
 
 
 class Executor:
@@ -152,7 +157,7 @@ class Executor:
         finally:
             self._busy[index] = False
         if outcome is not None:
-            self.stats.record(outcome.result)
+            self._record(outcome)
             return True
         # the general path: ended instances, dead letters, deferrals, busy heads
         heads = commands.peek(max(2 * self.options.concurrency, 4))
@@ -165,15 +170,29 @@ class Executor:
                 break
             self._busy[index] = True
             try:
-                result = segment.run_head(
+                outcome = segment.run_head(
                     head, self.options.node_id, should_stop=self.stopping.is_set
-                ).result
+                )
             finally:
                 self._busy[index] = False
-            if result != "BUSY":
-                self.stats.record(result)
+            if outcome.result != "BUSY":
+                self._record(outcome)
                 ran = True
         return ran
+
+    def _record(self, outcome: segment.Outcome) -> None:
+        self.stats.record(outcome.result)
+        if self.options.log_commands:
+            elapsed = "-" if outcome.elapsed_ms is None else f"{outcome.elapsed_ms:.1f} ms"
+            logger.info(
+                "command %s %s of %s: %s, step %s, %s",
+                outcome.command_id,
+                outcome.kind or "?",
+                outcome.workflow_id,
+                outcome.result,
+                outcome.step or "-",
+                elapsed,
+            )
 
     def _budget_spent(self) -> bool:
         limit = self.options.max_commands

@@ -64,7 +64,6 @@ class _Watchdog(threading.Thread):
         self._heap: list[tuple[float, int, int]] = []  # (expires, ticket, backend pid)
         self._active: dict[int, int] = {}  # ticket -> backend pid
         self._tickets = itertools.count(1)
-        self._connection: psycopg.Connection[Any] | None = None
         self.terminated = 0
 
     def register(self, expires: float, backend_pid: int) -> int:
@@ -97,14 +96,14 @@ class _Watchdog(threading.Thread):
                 self._terminate(pid)  # under the lock: the worker cannot move on meanwhile
 
     def _terminate(self, pid: int) -> None:
+        # a connection per termination: overdue segments are rare, and an idle
+        # connection held for them would keep a session open on every node
         try:
-            if self._connection is None or self._connection.closed:
-                self._connection = psycopg.connect(autocommit=True, **self._kwargs)
-            sessions.terminate_backend(self._connection, pid)
+            with psycopg.connect(autocommit=True, connect_timeout=5, **self._kwargs) as connection:
+                sessions.terminate_backend(connection, pid)
             self.terminated += 1
             logger.warning("segment on backend %s passed SEGMENT_DEADLINE_MS; session ended", pid)
         except psycopg.Error as exc:
-            self._connection = None
             logger.warning(
                 "deadline watchdog could not end backend %s (%s)", pid, type(exc).__name__
             )

@@ -92,7 +92,7 @@ def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Out
     claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, claimed.kind)
     if should_stop is not None and should_stop():
         commands.release(claim.command_id, claim.token)
-        return Outcome("RELEASED", claim.command_id)
+        return Outcome("RELEASED", claim.command_id, claim.workflow_id, claim.kind)
     plan = resident_plan(claimed.definition_id, claimed.definition_version, claimed.plan_hash)
     return run_claimed(claim, plan, node_id)
 
@@ -118,7 +118,7 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
         if reason is not None:
             with transaction.atomic(using=db.alias()):
                 count = commands.defer(head.id, head, reason)
-            return Outcome("DEFERRED" if count else "BUSY", head.id)
+            return Outcome("DEFERRED" if count else "BUSY", head.id, head.workflow_id, head.kind)
     with transaction.atomic(using=db.alias()):
         claim = commands.claim(
             head.id,
@@ -128,12 +128,12 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
             max_attempts=workflow_settings.MAX_ATTEMPTS,
         )
     if claim is None:
-        return Outcome("BUSY", head.id)
+        return Outcome("BUSY", head.id, head.workflow_id, head.kind)
     if claim.outcome != "CLAIMED":
-        return Outcome(claim.outcome, head.id)
+        return Outcome(claim.outcome, head.id, head.workflow_id, head.kind)
     if should_stop is not None and should_stop():
         commands.release(head.id, claim.token)
-        return Outcome("RELEASED", head.id)
+        return Outcome("RELEASED", head.id, head.workflow_id, head.kind)
     return run_claimed(
         Claimed(head.id, head.workflow_id, claim.token, claim.attempts, head.kind), plan, node_id
     )

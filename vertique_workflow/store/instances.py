@@ -55,6 +55,21 @@ RETURNING version
 """
 
 
+# Instances a retry could repair: FAILED and/or holding dead letters, by id
+# (keyset pages of ``workflow_retry``).
+RETRY_CANDIDATES = f"""
+SELECT i.id, i.definition_id, i.definition_version, i.status,
+       (SELECT count(*) FROM {T["commands"]} c WHERE c.workflow_id = i.id AND c.state = 'DEAD')
+FROM {T["instances"]} i
+WHERE i.id > %(after)s
+  AND (%(definition)s::text IS NULL OR i.definition_id = %(definition)s)
+  AND ((%(failed)s AND i.status = 'FAILED')
+       OR (%(dead)s AND EXISTS (SELECT 1 FROM {T["commands"]} c
+                                WHERE c.workflow_id = i.id AND c.state = 'DEAD')))
+ORDER BY i.id
+LIMIT %(limit)s
+"""
+
 _JSON_COLUMNS = (6, 8, 9)  # state_json, subject_json, metadata
 
 
@@ -151,3 +166,20 @@ def mark_failed(
 
 def mark_cancelled(instance_id: Any, message: str) -> bool:
     return db.fetchone(MARK_CANCELLED, (message, instance_id)) is not None
+
+
+def retry_candidates(
+    *, definition_id: str | None, failed: bool, dead: bool, after: Any, limit: int
+) -> list[tuple[Any, str, int, str, int]]:
+    """(id, definition id, version, status, dead count) of repairable instances after ``after``."""
+    rows = db.fetchall(
+        RETRY_CANDIDATES,
+        {
+            "definition": definition_id,
+            "failed": failed,
+            "dead": dead,
+            "after": after,
+            "limit": limit,
+        },
+    )
+    return [(r[0], r[1], r[2], r[3], int(r[4])) for r in rows]
