@@ -492,7 +492,9 @@ def _replayed_retry(
     stored_workflow, stored, result = earlier
     if stored != fingerprint or stored_workflow != workflow_id:
         raise WorkflowConflict("idempotency key already used for a different retry")
-    return RetryReceipt(workflow_id, int((result or {}).get("commandId", 0)), duplicate=True)
+    return RetryReceipt(
+        workflow_id, int((db.load_json(result) or {}).get("commandId", 0)), duplicate=True
+    )
 
 
 def history_of(instance_id: Any) -> list[dict[str, Any]]:

@@ -240,9 +240,13 @@ class BillingFlow(Workflow[dict]):
 
     @action(next="await_note")
     def charge(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        import os
+
         from vertique_workflow.exceptions import NonRetryable
 
         Billing.calls += 1
+        if os.environ.get("VERTIQUE_TEST_BILLING_DOWN"):  # process tests: "before the deploy"
+            raise ConnectionError("payment gateway down")
         if Billing.non_retryable:
             raise NonRetryable("CARD_DECLINED", "card 4111 1111 1111 1111 declined")
         if Billing.fail_times > 0:

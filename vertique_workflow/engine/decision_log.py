@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonpatch
 
-from .drive import Decision
+from .drive import Decision, DriveResult
 
 ENTRY_VERSION_DECISION_LOG = 2
 NO_PATCH = object()  # the entry carries no patch column at all (not a decision)
@@ -122,3 +122,24 @@ def replay(entries: Iterable[tuple[str, dict[str, Any] | None, list[Any] | None]
     if state is None:
         raise ValueError("decision log holds no STATE_BASELINE")
     return state
+
+
+def ending_entries(result: DriveResult) -> list[HistoryEntry]:
+    """The history entry of a drive that ended the instance (none otherwise).
+
+    A failure is the reference's FAILED entry (step id null, the step in the
+    payload); ``WORKFLOW_FAILED`` is the event's name, not the entry's.
+    """
+    if result.status == "COMPLETED":
+        return [
+            HistoryEntry("WORKFLOW_COMPLETED", {"step": result.current_step}, outcome="COMPLETED")
+        ]
+    if result.status == "FAILED":
+        return [
+            HistoryEntry(
+                "FAILED",
+                {"reason": result.error_message, "step": result.current_step},
+                outcome="FAILED",
+            )
+        ]
+    return []

@@ -30,7 +30,7 @@ from .. import context, failures
 from ..conf import workflow_settings
 from ..definitions import Plan
 from ..engine import decision_log
-from ..engine.decision_log import HistoryEntry
+from ..engine.decision_log import HistoryEntry, ending_entries
 from ..engine.drive import DriveResult, RunFacts, resume, start
 from ..store import commands, history
 from ..store import definitions as registry
@@ -108,6 +108,7 @@ def run(
             max_patch_bytes=workflow_settings.HISTORY_PATCH_MAX_BYTES,
         )
         entries.extend(logged)
+        entries.extend(ending_entries(result))
     ended = result.status == "COMPLETED"
     if not segment_store.persist(
         instance=row,

@@ -27,7 +27,7 @@ from .. import context, failures
 from ..conf import workflow_settings
 from ..definitions import Plan, catalog
 from ..engine import decision_log
-from ..engine.decision_log import HistoryEntry
+from ..engine.decision_log import HistoryEntry, ending_entries
 from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, drive
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import resident_plan
@@ -448,17 +448,5 @@ def _entries(
         max_patch_bytes=workflow_settings.HISTORY_PATCH_MAX_BYTES,
     )
     entries.extend(logged)
-    if result.status == "COMPLETED":
-        entries.append(
-            HistoryEntry("WORKFLOW_COMPLETED", {"step": result.current_step}, outcome="COMPLETED")
-        )
-    elif result.status == "FAILED":
-        # the reference's FAILED entry (step id null); WORKFLOW_FAILED is the event
-        entries.append(
-            HistoryEntry(
-                "FAILED",
-                {"reason": result.error_message, "step": result.current_step},
-                outcome="FAILED",
-            )
-        )
+    entries.extend(ending_entries(result))
     return entries
