@@ -329,3 +329,21 @@ def test_the_transient_retry_and_the_failure_texts_never_hold_exception_text():
     command = WorkflowCommand.objects.get(workflow_id=ref.id, kind="SIGNAL")
     assert command.last_error == "STEP_FAILED: step 'charge' raised an error (attempt 1 of 5)"
     assert "secret-token" not in command.last_error
+
+
+def test_what_the_code_raised_goes_to_the_log_with_instance_command_and_step(caplog):
+    from tests.flows.workflows import Billing
+
+    Billing.non_retryable = True
+    ref = wf.start("billing", {}, idempotency_key="k1")
+    run_until_idle()
+    wf.signal(ref.id, "charge", None, dedup_key="c1")
+    with caplog.at_level("ERROR", logger="vertique_workflow.executor"):
+        assert run_until_idle().outcomes == ["FAILED"]
+    command = WorkflowCommand.objects.get(workflow_id=ref.id, kind="SIGNAL")
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    message = record.getMessage()
+    assert str(ref.id) in message and f"command {command.id}" in message
+    assert "step charge" in message and "CARD_DECLINED" in message
+    assert "card 4111 1111 1111 1111 declined" in str(record.exc_info[1])
+    assert "4111" not in command.last_error and "4111" not in wf.get(ref.id).error_message
