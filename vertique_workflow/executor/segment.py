@@ -4,11 +4,14 @@ The claim commits on its own. The segment then runs in one transaction: the
 execution lock, the fence on the claim token, the instance and the plan of
 its pin, the engine's drive, and every write (instance, history, commands,
 queue) — so a transition, its history and the ORM writes of its actions
-commit or roll back together. Errors take one of three ways: a retryable
-database error returns the command with its attempt restored; an exception
-from workflow code rolls the segment back and returns the command after a
-backoff with its attempt spent (dead-lettered at MAX_ATTEMPTS); a
-``NonRetryable`` error or a broken plan fails the command and its instance.
+commit or roll back together; the segment runs under its deadline
+(``deadline.py``). Errors take one of three ways: a retryable database error
+or the deadline returns the command with its attempt restored; an exception
+from workflow code rolls the segment back and returns the command after the
+failing step's backoff with its attempt spent (dead-lettered when the step's
+attempts are spent); ``NonRetryable``, an exception class the step's policy
+never retries, or a broken plan fail the command and its instance. RETRY
+commands run the recovery segment (``recovery.py``).
 """
 
 from __future__ import annotations
