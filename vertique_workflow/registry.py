@@ -112,8 +112,8 @@ def check_name_bindings() -> None:
             raise WorkflowDefinitionError(
                 f"workflow definition {row.scope_key}/{row.definition_id} v{row.version} "
                 f"({row.status}) is bound by name to the class {binary!r}, which no longer "
-                "imports under that name: keep the class there (or re-export it under that "
-                "name) until every version bound to it is retired",
+                "imports under that name: keep the class there until every version bound to "
+                "it is retired",
                 definition_id=row.definition_id,
             )
 
