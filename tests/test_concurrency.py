@@ -76,7 +76,7 @@ def test_fence_refuses_a_stale_token_after_the_lease_moved_on():
     expired_head = commands.peek(1)[0]
     assert run_head(expired_head, "fast").result == "COMPLETED"
 
-    plan = resident_plan("order", 1, head.plan_hash)
+    plan = resident_plan("order", 1)
     stale = Claimed(head.id, head.workflow_id, first.token, first.attempts)
     assert run_claimed(stale, plan, "slow").result == "LOST"
     command = WorkflowCommand.objects.get(pk=head.id)

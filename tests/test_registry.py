@@ -852,7 +852,17 @@ def test_command_sync_and_list():
     plan = catalog.get("order", 1)
     assert plan is not None
     lines = run("list", "--id", "order").splitlines()
-    assert lines[0].split() == ["SCOPE", "ID", "VERSION", "STATUS", "KIND", "HASH", "CONTRACT"]
+    assert lines[0].split() == [
+        "SCOPE",
+        "ID",
+        "VERSION",
+        "STATUS",
+        "KIND",
+        "HASH",
+        "LIVE",
+        "FAILED",
+        "CONTRACT",
+    ]
     assert lines[1].split() == [
         "default",
         "order",
@@ -860,6 +870,8 @@ def test_command_sync_and_list():
         "AVAILABLE",
         "CODE",
         plan.plan_hash[:12],
+        "0",
+        "0",
         plan.contract,
     ]
     assert len(run("list", "--status", "RETIRED", "--id", "order").splitlines()) == 1

@@ -329,7 +329,7 @@ def test_statement_deadline_is_a_transient_retry_that_restores_the_attempt():
         claim = commands.claim(
             head.id, head.workflow_id, node_id="n", lease_seconds=30, max_attempts=5
         )
-    plan = resident_plan("order", 1, head.plan_hash)
+    plan = resident_plan("order", 1)
     quick = {"SEGMENT_DEADLINE_MS": 1, "BACKOFF_BASE_MS": 10, "BACKOFF_MAX_MS": 50}
     # another session holds the execution lock: the segment's wait hits its deadline
     with (

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 
 from . import tables
 from .conf import DEFAULTS, SETTING_NAME, workflow_settings
@@ -39,3 +40,30 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="vertique_workflow.E003"))
     return errors
+
+
+@checks.register(checks.Tags.database)
+def check_stranded_instances(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Warn about unfinished instances standing at a step their version's code lost.
+
+    A database check (Django runs those in ``migrate`` and in
+    ``check --database ALIAS``, not on every command): it reads the
+    workflow database alias. An absent, unreachable or unmigrated database
+    (or a broken placement setting, reported by E003) skips it silently.
+    """
+    from . import registry
+    from .store import db
+
+    alias = db.alias()
+    if not databases or alias not in databases:
+        return []
+    try:
+        groups = registry.stranded_instances()
+    except (DatabaseError, ImproperlyConfigured):
+        return []
+    return [
+        checks.Warning(group.describe(), hint=group.fix(), id="vertique_workflow.W001")
+        for group in groups
+    ]

@@ -22,8 +22,29 @@ from .store.instances import InstanceRow
 DEFAULT_SCOPE = "default"
 
 
-def resident_plan(definition_id: str, version: int, plan_hash: str) -> Plan | None:
-    """The node's plan of a pin, only when its hash matches."""
+def resident_plan(definition_id: str, version: int, *, scope: str = DEFAULT_SCOPE) -> Plan | None:
+    """The plan this node runs an instance pinned to ``(scope, definition_id, version)``.
+
+    Resolution is by the pin's scope, id and version, as in the reference: the
+    code plan of that id and version, whatever its hash. A plan rehashed in
+    place (``REHASHED``: callback names, schemas, added steps) therefore still
+    runs the instances started before the change; an instance whose step the
+    plan lost fails with ``STEP_NOT_IN_PLAN`` when the engine reaches it
+    (see docs/changing-workflows.md) instead of being deferred forever. Code
+    plans live in the default scope only: a pin of another scope (a DOCUMENT
+    row) has no resident plan on this node.
+    """
+    if scope != DEFAULT_SCOPE:
+        return None
+    return catalog.get(definition_id, version)
+
+
+def exact_plan(definition_id: str, version: int, plan_hash: str) -> Plan | None:
+    """The node's plan of ``(definition_id, version)`` only when its hash is ``plan_hash``.
+
+    For record-side validation: a node whose code differs from the registry
+    row validates with the row's recorded schemas instead of its own.
+    """
     plan = catalog.get(definition_id, version)
     if plan is None or plan.plan_hash != plan_hash:
         return None
@@ -67,7 +88,7 @@ def resolve_start_pin(definition_id: str, scope: str, version: int | None) -> Pi
         definition_id,
         row.version,
         row.plan_hash,
-        resident_plan(definition_id, row.version, row.plan_hash),
+        exact_plan(definition_id, row.version, row.plan_hash),
         row.start_schema,
     )
 
@@ -96,7 +117,7 @@ class SignalSchemas:
 
 
 def signal_schema_source(row: InstanceRow) -> SignalSchemas:
-    plan = resident_plan(row.definition_id, row.definition_version, row.plan_hash)
+    plan = exact_plan(row.definition_id, row.definition_version, row.plan_hash)
     if plan is not None:
         return SignalSchemas(row.definition_id, plan, None)
     declared = registry.declared_signal_names(

@@ -16,19 +16,35 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from .conf import workflow_settings
 from .exceptions import WorkflowDefinitionError, WorkflowNotFound
 from .store import definitions as store
 from .store.definitions import DEFAULT_SCOPE, PlanLike, UpsertOutcome
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    class PlanLikeWithSteps(PlanLike, Protocol):
+        """A plan and its step ids (``vertique_workflow.definitions.Plan`` fits)."""
+
+        @property
+        def steps(self) -> Mapping[str, object]: ...
+
+
 __all__ = [
+    "Stranded",
     "activate",
+    "check_name_bindings",
     "deactivate",
     "deprecate",
     "ensure_synced",
     "reinstate",
     "retire",
+    "stranded_instances",
+    "stranded_summary",
     "sync_code_definitions",
 ]
 
@@ -48,12 +64,17 @@ def sync_code_definitions(
     transaction, so one refused plan (a contract or state-type rule) stops
     the sync with its :class:`WorkflowDefinitionError` after the plans before
     it were recorded. Logs one INFO line per definition.
+
+    First, before any write, :func:`check_name_bindings`: a class that a
+    non-retired version binds by name and that moved fails the sync (and so
+    the executor's startup) with :class:`WorkflowDefinitionError`.
     """
     if plans is None:
         # AppConfig.ready() already imported every app's workflows.py
         from .definitions import catalog
 
         plans = catalog.all()
+    check_name_bindings()
     outcomes: dict[tuple[str, int], UpsertOutcome] = {}
     for plan in plans:
         outcome = store.upsert_code(plan, activate_default=activate_default)
@@ -66,6 +87,35 @@ def sync_code_definitions(
             outcome,
         )
     return outcomes
+
+
+def check_name_bindings() -> None:
+    """Refuse to start when a class that a non-retired version binds by name has moved.
+
+    Every non-retired registry row records in ``name_binding`` the binary
+    name (dotted ``module.qualname``) of each class its plan names, mapped to
+    the name its hash used. An entry whose hash used the binary name itself
+    binds the class *by name*: that class may not move (be renamed, moved to
+    another module or deleted) while such a version is not retired. Moved
+    means the dotted name no longer imports as a class (see
+    :func:`vertique_workflow.definitions.plan.resolve_class_name`). Raises
+    :class:`WorkflowDefinitionError` naming the version and the recorded name.
+    An entry bound to another (logical) name is not checked: its hash does
+    not depend on where the class lives.
+    """
+    from .definitions.plan import resolve_class_name
+
+    for row in store.bound_names():
+        for binary, hashed in sorted(row.name_binding.items()):
+            if binary != hashed or resolve_class_name(binary) is not None:
+                continue
+            raise WorkflowDefinitionError(
+                f"workflow definition {row.scope_key}/{row.definition_id} v{row.version} "
+                f"({row.status}) is bound by name to the class {binary!r}, which no longer "
+                "imports under that name: keep the class there until every version bound to "
+                "it is retired",
+                definition_id=row.definition_id,
+            )
 
 
 def ensure_synced() -> dict[tuple[str, int], UpsertOutcome] | None:
@@ -162,3 +212,70 @@ def deactivate(definition_id: str, scope: str = DEFAULT_SCOPE) -> bool:
     highest AVAILABLE version.
     """
     return store.remove_activation(scope, definition_id)
+
+
+# --------------------------------------------------------------------------
+# Stranded instances (a code change removed the step they stand at)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """Unfinished instances of one version standing at steps its code no longer has."""
+
+    definition_id: str
+    version: int
+    steps: tuple[tuple[str, int], ...]  # (missing step id, instance count), by step id
+
+    @property
+    def count(self) -> int:
+        return sum(count for _, count in self.steps)
+
+    def describe(self) -> str:
+        """What is wrong: the count, the version and the missing steps."""
+        steps = ", ".join(f"{step!r} ({count})" for step, count in self.steps)
+        return (
+            f"{self.count} unfinished instance(s) of workflow {self.definition_id!r} "
+            f"version {self.version} stand at step(s) the code of version {self.version} "
+            f"no longer has: {steps}"
+        )
+
+    def fix(self) -> str:
+        """What to do about it."""
+        version = self.version
+        return (
+            f"keep the old class as version {version} (with those steps) and add version "
+            f"{version + 1} with the new steps; until then their commands fail with "
+            f"STEP_NOT_IN_PLAN; once the code of version {version} has the steps again, "
+            "retry the failed instances (see docs/changing-workflows.md)"
+        )
+
+
+def stranded_instances(plans: Iterable[PlanLikeWithSteps] | None = None) -> list[Stranded]:
+    """Unfinished instances (FAILED included) whose step the resident code plan of their
+    version lacks, grouped by version; one statement.
+
+    ``plans`` defaults to the process catalog. Only versions this node holds
+    code for are read: instances of a version without code are deferred, not
+    stranded.
+    """
+    if plans is None:
+        from .definitions import catalog
+
+        plans = catalog.all()
+    resident = {(plan.id, int(plan.version)): tuple(plan.steps) for plan in plans}
+    groups: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for definition_id, version, step, count in store.stranded_instances(resident):
+        groups.setdefault((definition_id, version), []).append((step, count))
+    return [
+        Stranded(definition_id, version, tuple(steps))
+        for (definition_id, version), steps in sorted(groups.items())
+    ]
+
+
+def stranded_summary(groups: Iterable[Stranded]) -> str | None:
+    """One line for every stranded group (the executor's startup ERROR line), or None."""
+    found = list(groups)
+    if not found:
+        return None
+    return "; ".join(f"{group.describe()}: {group.fix()}" for group in found)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -25,7 +26,15 @@ from .retry import RetryPolicy
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
 
-__all__ = ["STEP_KINDS", "FrozenMap", "Plan", "Step", "StepKind", "callable_name"]
+__all__ = [
+    "STEP_KINDS",
+    "FrozenMap",
+    "Plan",
+    "Step",
+    "StepKind",
+    "callable_name",
+    "resolve_class_name",
+]
 
 StepKind = Literal["action", "decision", "wait", "end", "fail"]
 STEP_KINDS: frozenset[str] = frozenset(get_args(StepKind))
@@ -38,6 +47,30 @@ def callable_name(obj: Any) -> str:
     module = getattr(obj, "__module__", None) or "?"
     qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
     return f"{module}.{qualname}"
+
+
+def resolve_class_name(name: str) -> type | None:
+    """The class the dotted ``module.qualname`` ``name`` names, or None.
+
+    Python's counterpart of a Java binary name: the longest importable module
+    prefix, then attributes down the qualified name. A name that does not
+    import, or names something other than a class, resolves to None: the
+    class has *moved* (renamed, moved to another module, or deleted). The
+    module is imported when it is not yet; an error other than ImportError
+    raised by that import propagates (a broken module is not a moved class).
+    """
+    parts = str(name).split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            found = getattr(found, attribute, None)
+            if found is None:
+                return None
+        return found if isinstance(found, type) else None
+    return None
 
 
 class FrozenMap(Mapping[str, str]):
@@ -246,6 +279,25 @@ class Plan:
         """SHA-256 (lowercase hex) of the canonical structure, dumped compactly with sorted keys."""
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    @cached_property
+    def name_binding(self) -> dict[str, str]:
+        """The binary name of each class the plan names, mapped to the name the hash used.
+
+        Recorded with the plan hash (registry ``name_binding``). Code plans
+        name one class at most, the dataclass state type (signal payloads
+        are JSON checked by schemas, not classes): ``{"app.flows.Expense":
+        "app.flows.Expense"}`` when the hash used its dotted name, or the
+        logical ``state_type_name`` a ``Plan`` was given. A dict state names
+        no class, and a class that cannot be found by its name (defined
+        inside a function) is not bound: nothing could look it up by name.
+        """
+        if self.state_type is None:
+            return {}
+        binary = callable_name(self.state_type)
+        if resolve_class_name(binary) is not self.state_type:
+            return {}
+        return {binary: self.state_type_name}
 
     def step(self, step_id: str) -> Step:
         """The step with this id; an unknown id is a definition error (a stale pin or a bug)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..definitions import Plan, StepContext
+from ..definitions import Plan, Step, StepContext
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 
 # A plan that never reaches a wait or an end inside one segment is a bug in
@@ -96,7 +96,7 @@ def apply_signal(
     facts: RunFacts,
 ) -> DriveResult:
     """Apply a signal to the wait it targets, then drive on; not accepted => not applied."""
-    step = plan.step(current_step) if current_step else None
+    step = current_step_of(plan, current_step) if current_step else None
     if step is None or step.kind != "wait" or name not in step.signals:
         return DriveResult(
             applied=False, status="WAITING", current_step=current_step, state=state_json
@@ -125,8 +125,35 @@ def resume(
     plan: Plan, state_json: dict[str, Any] | None, step_id: str, facts: RunFacts
 ) -> DriveResult:
     """Drive on from ``step_id`` with the stored state (a retry re-driving a failed instance)."""
-    plan.step(step_id)  # an unknown step is a definition error naming it
+    current_step_of(plan, step_id)  # a step the code lost fails as STEP_NOT_IN_PLAN
     return _run(plan, plan.state_from_json(state_json), step_id, facts, [])
+
+
+STEP_NOT_IN_PLAN = "STEP_NOT_IN_PLAN"
+
+
+def current_step_of(plan: Plan, step_id: str) -> Step:
+    """The step an instance stands at (the wait it waits at, or the step it failed at).
+
+    An instance keeps its step id across a code change of its version (the
+    pin resolves by scope, id and version, not by hash). When the code of
+    that version no longer has the step, the instance cannot continue: the
+    command fails non-retryably with ``STEP_NOT_IN_PLAN`` (marked with the
+    step) instead of being deferred or parked forever. Restoring the step in
+    the code of that version (keep the old class as that version, put the
+    changed graph in a new version) and retrying the failed instance repairs
+    it; see docs/changing-workflows.md.
+    """
+    step = plan.steps.get(step_id)
+    if step is None:
+        exc = NonRetryable(
+            STEP_NOT_IN_PLAN,
+            f"workflow {plan.id!r} version {plan.version} has no step {str(step_id)[:64]!r} "
+            "any more; restore it in that version's code and retry the instance",
+        )
+        mark_step(exc, step_id)
+        raise exc
+    return step
 
 
 def drive(
@@ -233,4 +260,14 @@ def _run(
     raise exc
 
 
-__all__ = ["Decision", "DriveResult", "RunFacts", "apply_signal", "drive", "resume", "start"]
+__all__ = [
+    "STEP_NOT_IN_PLAN",
+    "Decision",
+    "DriveResult",
+    "RunFacts",
+    "apply_signal",
+    "current_step_of",
+    "drive",
+    "resume",
+    "start",
+]

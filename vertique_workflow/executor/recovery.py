@@ -32,6 +32,7 @@ from ..definitions import Plan
 from ..engine import decision_log
 from ..engine.decision_log import HistoryEntry, ending_entries
 from ..engine.drive import DriveResult, RunFacts, resume, start
+from ..exceptions import NonRetryable, WorkflowConflict
 from ..store import commands, history
 from ..store import definitions as registry
 from ..store import segment as segment_store
@@ -71,13 +72,7 @@ def run(
             )
         )
     if failed:
-        registry.admit_pin(
-            row.definition_scope_key,
-            row.definition_id,
-            row.definition_version,
-            row.plan_hash,
-            resurrection=True,
-        )
+        _admit(plan, row)
         entry = found.failed_entry or {}
         resume_status = entry.get("resumeStatus")
         if resume_status == "PENDING" or superseded is not None:
@@ -144,6 +139,27 @@ def run(
     elif ended:
         commands.settle_ended(row.id, cancelled=False)
     return "COMPLETED"
+
+
+def _admit(plan: Plan, row: Any) -> None:
+    """Pin admission of a revival (DEPRECATED accepted), against the code that will drive it.
+
+    The instance's version may have been rehashed since it started (a change
+    of code within the version): the registry row then holds the hash of the
+    code this node runs, which is what the revived instance runs on. A refusal
+    (the version RETIRED, or its row drifted from this node's code) fails the
+    RETRY at once instead of spending attempts on it.
+    """
+    try:
+        registry.admit_pin(
+            row.definition_scope_key,
+            row.definition_id,
+            row.definition_version,
+            plan.plan_hash,
+            resurrection=True,
+        )
+    except WorkflowConflict as exc:
+        raise NonRetryable("PIN_REFUSED", str(exc)) from None
 
 
 def _restored(plan: Plan, status: str, step: str | None, state: Any) -> DriveResult:

@@ -33,7 +33,7 @@ from ..engine import decision_log
 from ..engine.decision_log import HistoryEntry, ending_entries
 from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, drive
 from ..exceptions import NonRetryable, WorkflowDefinitionError
-from ..pins import resident_plan
+from ..pins import DEFAULT_SCOPE, resident_plan
 from ..store import commands, db, history
 from ..store import segment as segment_store
 from ..store.commands import Head
@@ -76,9 +76,14 @@ class Claimed:
     kind: str = ""
 
 
-def resident_pins() -> list[tuple[str, int, str]]:
-    """(definition id, version, plan hash) of every plan this node can run."""
-    return [(plan.id, plan.version, plan.plan_hash) for plan in catalog.all()]
+def resident_pins() -> list[tuple[str, str, int]]:
+    """(definition scope, id, version) of every pin this node can run.
+
+    By version, not by hash: a node runs the instances of every (id, version)
+    it holds code for, including instances started under an earlier hash of
+    that version (see :func:`vertique_workflow.pins.resident_plan`).
+    """
+    return [(DEFAULT_SCOPE, plan.id, plan.version) for plan in catalog.all()]
 
 
 def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Outcome | None:
@@ -96,7 +101,8 @@ def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Out
     if should_stop is not None and should_stop():
         commands.release(claim.command_id, claim.token)
         return Outcome("RELEASED", claim.command_id, claim.workflow_id, claim.kind)
-    plan = resident_plan(claimed.definition_id, claimed.definition_version, claimed.plan_hash)
+    # the claim admits resident pins only, and code plans are default-scope
+    plan = resident_plan(claimed.definition_id, claimed.definition_version)
     return run_claimed(claim, plan, node_id)
 
 
@@ -110,7 +116,9 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
     """
     plan = None
     if not head.instance_ended:
-        plan = resident_plan(head.definition_id, head.definition_version, head.plan_hash)
+        plan = resident_plan(
+            head.definition_id, head.definition_version, scope=head.definition_scope_key
+        )
         reason = None
         if plan is None:
             reason = _not_runnable(head)
@@ -144,8 +152,8 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
 
 def _not_runnable(head: Head) -> str:
     return (
-        f"this node has no plan for {head.definition_scope_key}/{head.definition_id} "
-        f"v{head.definition_version} ({head.plan_hash[:12]})"
+        f"this node has no plan of {head.definition_scope_key}/{head.definition_id} "
+        f"v{head.definition_version}"
     )
 
 

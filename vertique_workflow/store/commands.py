@@ -118,8 +118,8 @@ cand AS (
       AND c.attempts < %(max_attempts)s
       AND c.kind = ANY(%(kinds)s::text[])
       AND NOT (c.kind = 'RETRY' AND COALESCE(c.target_json ? 'branchId', FALSE))
-      AND (i.definition_id, i.definition_version, i.plan_hash) IN (
-          SELECT * FROM unnest(%(ids)s::text[], %(versions)s::int[], %(hashes)s::text[]))
+      AND (i.definition_scope_key, i.definition_id, i.definition_version) IN (
+          SELECT * FROM unnest(%(scopes)s::text[], %(ids)s::text[], %(versions)s::int[]))
     ORDER BY c.available_at
     LIMIT 1
     FOR UPDATE OF c SKIP LOCKED
@@ -584,26 +584,26 @@ def claim_next(
     node_id: str,
     lease_seconds: float,
     max_attempts: int,
-    resident: Sequence[tuple[str, int, str]],
+    resident: Sequence[tuple[str, str, int]],
     kinds: Sequence[str],
 ) -> ClaimedCommand | None:
     """Claim the oldest runnable head in one autocommit statement (None: use the peek path).
 
-    ``resident`` lists the (definition id, version, plan hash) this node can run,
-    ``kinds`` the command kinds its engine runs.
+    ``resident`` lists the pins (definition scope, id, version) this node can
+    run, whatever their plan hash; ``kinds`` the command kinds its engine runs.
     Must run outside a transaction so the statement commits (and releases the
     execution lock it tried) on its own.
     """
     if not resident:
         return None
-    ids, versions, hashes = (list(column) for column in zip(*resident, strict=True))
+    scopes, ids, versions = (list(column) for column in zip(*resident, strict=True))
     row = db.fetchone_prepared(
         CLAIM_NEXT,
         {
             "max_attempts": max_attempts,
+            "scopes": scopes,
             "ids": ids,
             "versions": versions,
-            "hashes": hashes,
             "kinds": list(kinds),
             "lease": lease_seconds,
             "node": node_id,

@@ -49,16 +49,20 @@ from ..exceptions import (
     WorkflowValidationError,
 )
 from . import db
+from .instances import ENDED as ENDED_INSTANCE_STATUSES
 
 __all__ = [
     "Activation",
+    "BoundNames",
     "DefinitionRecord",
     "DefinitionRow",
     "PlanLike",
     "SelectionResult",
     "UpsertOutcome",
     "admit_pin",
+    "bound_names",
     "declared_signal_names",
+    "instance_counts",
     "list_activations",
     "list_definitions",
     "put_activation",
@@ -66,6 +70,7 @@ __all__ = [
     "retire",
     "select_version",
     "selection_read",
+    "stranded_instances",
     "transition",
     "upsert_code",
 ]
@@ -132,13 +137,13 @@ INSERT INTO {T["definitions"]}
     (scope_key, definition_id, definition_version, kind, status, contract_name,
      state_type_name, plan_hash, name_binding, signal_names_json, start_schema_json,
      created_at, updated_at)
-VALUES ('default', %s, %s, 'CODE', 'AVAILABLE', %s, %s, %s, '{{}}'::jsonb, %s::jsonb, %s::jsonb,
+VALUES ('default', %s, %s, 'CODE', 'AVAILABLE', %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb,
         now(), now())
 """
 
 REHASH_CODE = f"""
 UPDATE {T["definitions"]}
-SET plan_hash = %s, contract_name = %s, state_type_name = %s, name_binding = '{{}}'::jsonb,
+SET plan_hash = %s, contract_name = %s, state_type_name = %s, name_binding = %s::jsonb,
     signal_names_json = %s::jsonb, start_schema_json = %s::jsonb, updated_at = now()
 WHERE scope_key = 'default' AND definition_id = %s AND definition_version = %s AND kind = 'CODE'
 """
@@ -232,6 +237,50 @@ WHERE (%s::varchar IS NULL OR scope_key = %s)
   AND (%s::varchar IS NULL OR definition_id = %s)
   AND (%s::varchar[] IS NULL OR status = ANY(%s::varchar[]))
 ORDER BY definition_id, scope_key, definition_version
+"""
+
+# Non-retired versions that bind a class by name (the startup check).
+BOUND_NAMES = f"""
+SELECT scope_key, definition_id, definition_version, status, name_binding::text
+FROM {T["definitions"]}
+WHERE status <> 'RETIRED' AND name_binding <> '{{}}'::jsonb
+ORDER BY definition_id, scope_key, definition_version
+"""
+
+_ENDED_SQL = ", ".join(f"'{status}'" for status in ENDED_INSTANCE_STATUSES)
+
+# Unfinished instances (FAILED included: a retry can repair them; archived rows
+# left out) of the given default-scope versions whose step is not among the
+# given steps of that version, grouped by version and step.
+STRANDED_INSTANCES = f"""
+SELECT i.definition_id, i.definition_version, i.current_step_id, count(*)
+FROM {T["instances"]} i
+WHERE i.definition_scope_key = 'default'
+  AND i.status NOT IN ({_ENDED_SQL}) AND i.archived_at IS NULL
+  AND i.current_step_id IS NOT NULL
+  AND (i.definition_id, i.definition_version) IN (
+      SELECT * FROM unnest(%(ids)s::text[], %(versions)s::int[]))
+  AND NOT EXISTS (
+      SELECT 1 FROM unnest(%(step_ids)s::text[], %(step_versions)s::int[], %(steps)s::text[])
+          AS s(definition_id, definition_version, step_id)
+      WHERE s.definition_id = i.definition_id
+        AND s.definition_version = i.definition_version
+        AND s.step_id = i.current_step_id)
+GROUP BY i.definition_id, i.definition_version, i.current_step_id
+ORDER BY i.definition_id, i.definition_version, i.current_step_id
+"""
+
+# Instances per pinned version: live (the statuses the retirement guard
+# counts, archived rows included, as there) and FAILED (not archived).
+INSTANCE_COUNTS = f"""
+SELECT definition_scope_key, definition_id, definition_version,
+       count(*) FILTER (WHERE status IN ({_PINNING_SQL})),
+       count(*) FILTER (WHERE status = 'FAILED' AND archived_at IS NULL)
+FROM {T["instances"]}
+WHERE (%s::varchar IS NULL OR definition_scope_key = %s)
+  AND (%s::varchar IS NULL OR definition_id = %s)
+  AND (status IN ({_PINNING_SQL}) OR (status = 'FAILED' AND archived_at IS NULL))
+GROUP BY definition_scope_key, definition_id, definition_version
 """
 
 LIST_ACTIVATIONS = f"""
@@ -545,15 +594,17 @@ def _guard_default_current(
 def upsert_code(plan: PlanLike, *, activate_default: bool = True) -> UpsertOutcome:
     """Record a code-first plan as the CODE row ``(default, plan.id, plan.version)``.
 
-    * No row: insert it AVAILABLE with its hash, contract, state type, an empty
-      name binding, its declared signals and start-payload schema, and return
+    * No row: insert it AVAILABLE with its hash, contract, state type, name
+      binding (``plan.name_binding`` when the plan has one, else empty), its
+      declared signals and start-payload schema, and return
       ``"INSERTED"``. Only then, when ``activate_default``, write the default
       activation ``(default, id) -> (default, version)`` in the same
       transaction, replacing a stored record only when it names a lower
       version (so concurrent boots of several versions end on the highest).
     * Same hash: return ``"UNCHANGED"`` and write nothing, except that a row
       whose signal and start schemas are both unrecorded gets them (guarded by
-      the hash).
+      the hash). The name binding is never written alone: a row recorded
+      before bindings were kept stays ``{}`` until its hash changes.
     * Another hash: replace hash, contract, state type, name binding and
       schemas (the status stays) and return ``"REHASHED"``.
 
@@ -565,6 +616,8 @@ def upsert_code(plan: PlanLike, *, activate_default: bool = True) -> UpsertOutco
     definition_id, version = plan.id, int(plan.version)
     signals_json = _dump(dict(plan.signals))
     start_json = _dump(plan.start_schema)
+    # a plan without the attribute (a hand-built PlanLike) names no class
+    binding_json = _dump(dict(getattr(plan, "name_binding", None) or {}))
     with _mutation(definition_id) as (cursor, rows):
         own = _find(rows, DEFAULT_SCOPE, version)
         if own is not None and own.kind != "CODE":
@@ -592,6 +645,7 @@ def upsert_code(plan: PlanLike, *, activate_default: bool = True) -> UpsertOutco
                     plan.contract,
                     plan.state_type_name,
                     plan.plan_hash,
+                    binding_json,
                     signals_json,
                     start_json,
                 ],
@@ -605,6 +659,7 @@ def upsert_code(plan: PlanLike, *, activate_default: bool = True) -> UpsertOutco
                 plan.plan_hash,
                 plan.contract,
                 plan.state_type_name,
+                binding_json,
                 signals_json,
                 start_json,
                 definition_id,
@@ -988,3 +1043,89 @@ def list_activations(
     with connection.cursor() as cursor:
         cursor.execute(LIST_ACTIVATIONS, [scope, scope, definition_id, definition_id])
         return [Activation(*row) for row in cursor.fetchall()]
+
+
+# --------------------------------------------------------------------------
+# Code changes: name bindings, stranded instances, instance counts
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BoundNames:
+    """A non-retired version and the classes it binds (binary name -> hashed name)."""
+
+    scope_key: str
+    definition_id: str
+    version: int
+    status: str
+    name_binding: dict[str, str]
+
+
+def bound_names() -> list[BoundNames]:
+    """Every non-retired row whose ``name_binding`` is not empty (any scope and kind)."""
+    connection = connections[db.alias()]
+    with connection.cursor() as cursor:
+        cursor.execute(BOUND_NAMES)
+        fetched = cursor.fetchall()
+    found = []
+    for scope_key, definition_id, version, status, binding in fetched:
+        value = _load(binding)
+        if isinstance(value, dict) and value:
+            found.append(
+                BoundNames(
+                    scope_key,
+                    definition_id,
+                    version,
+                    status,
+                    {str(k): str(v) for k, v in value.items()},
+                )
+            )
+    return found
+
+
+def stranded_instances(
+    resident_steps: Mapping[tuple[str, int], Collection[str]],
+) -> list[tuple[str, int, str, int]]:
+    """(definition id, version, step, count) of unfinished instances standing at a step the
+    given code plan of their version lacks.
+
+    ``resident_steps`` maps each default-scope (id, version) this node holds
+    code for to its step ids; versions not in it are not read (a node without
+    the code of a version defers its commands instead). Unfinished means not
+    ended, FAILED included (a retry can repair those once the step is back);
+    archived rows are left out. One statement; it scans the instances of the
+    given versions (no index covers the step), so it runs at startup and in
+    checks only.
+    """
+    if not resident_steps:
+        return []
+    keys = sorted(resident_steps)
+    step_rows = [(key[0], key[1], step) for key in keys for step in sorted(resident_steps[key])]
+    connection = connections[db.alias()]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            STRANDED_INSTANCES,
+            {
+                "ids": [key[0] for key in keys],
+                "versions": [key[1] for key in keys],
+                "step_ids": [row[0] for row in step_rows],
+                "step_versions": [row[1] for row in step_rows],
+                "steps": [row[2] for row in step_rows],
+            },
+        )
+        return [(r[0], int(r[1]), r[2], int(r[3])) for r in cursor.fetchall()]
+
+
+def instance_counts(
+    scope: str | None = None, definition_id: str | None = None
+) -> dict[tuple[str, str, int], tuple[int, int]]:
+    """``{(scope, id, version): (live, failed)}`` in one grouped read.
+
+    ``live`` counts PENDING, RUNNING, WAITING and COMPENSATING instances (what
+    blocks retirement, archived rows included, as there); ``failed`` counts
+    FAILED instances that are not archived. Versions with neither are absent.
+    """
+    connection = connections[db.alias()]
+    with connection.cursor() as cursor:
+        cursor.execute(INSTANCE_COUNTS, [scope, scope, definition_id, definition_id])
+        return {(r[0], r[1], int(r[2])): (int(r[3]), int(r[4])) for r in cursor.fetchall()}

@@ -29,7 +29,11 @@ class Command(BaseCommand):
         actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
         actions.add_parser("sync", help="Record every code workflow of this project as a CODE row.")
 
-        listing = actions.add_parser("list", help="List registry rows (no document text).")
+        listing = actions.add_parser(
+            "list",
+            help="List registry rows (no document text) with their instance counts: LIVE "
+            "(pending, running, waiting, compensating) and FAILED.",
+        )
         listing.add_argument("--scope", help="Only this scope.")
         listing.add_argument("--id", dest="definition_id", help="Only this definition id.")
         listing.add_argument(
@@ -78,19 +82,26 @@ class Command(BaseCommand):
             definition_id=options["definition_id"],
             statuses=options["status"],
         )
-        header = ("SCOPE", "ID", "VERSION", "STATUS", "KIND", "HASH", "CONTRACT")
-        lines = [header] + [
-            (
-                r.scope_key,
-                r.definition_id,
-                str(r.version),
-                r.status,
-                r.kind,
-                r.plan_hash[:12],
-                r.contract_name,
+        counts = store.instance_counts(
+            scope=options["scope"], definition_id=options["definition_id"]
+        )
+        header = ("SCOPE", "ID", "VERSION", "STATUS", "KIND", "HASH", "LIVE", "FAILED", "CONTRACT")
+        lines = [header]
+        for r in records:
+            live, failed = counts.get((r.scope_key, r.definition_id, r.version), (0, 0))
+            lines.append(
+                (
+                    r.scope_key,
+                    r.definition_id,
+                    str(r.version),
+                    r.status,
+                    r.kind,
+                    r.plan_hash[:12],
+                    str(live),
+                    str(failed),
+                    r.contract_name,
+                )
             )
-            for r in records
-        ]
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         for line in lines:
             self.stdout.write(

@@ -17,8 +17,9 @@ from django.db import connections
 from ... import tables
 from ...conf import workflow_settings
 from ...definitions import catalog
+from ...exceptions import WorkflowDefinitionError
 from ...executor.daemon import Executor, ExecutorOptions, startup_report
-from ...registry import ensure_synced
+from ...registry import ensure_synced, stranded_instances, stranded_summary
 from ...store import db
 
 # -v 1: startup report and the counters line; -v 2: also one line per command
@@ -97,11 +98,16 @@ class Command(BaseCommand):
             grace_seconds=float(workflow_settings.SHUTDOWN_GRACE_SECONDS),
             log_commands=options["verbosity"] >= 2,
         )
-        ensure_synced()
+        try:
+            ensure_synced()
+        except WorkflowDefinitionError as exc:
+            raise CommandError(str(exc)) from exc
+        log = logging.getLogger("vertique_workflow.executor")
+        stranded = stranded_summary(stranded_instances())
+        if stranded is not None:
+            log.error("stranded instances: %s", stranded)
         connections[alias].close()
-        logging.getLogger("vertique_workflow.executor").info(
-            startup_report(executor_options, catalog.all(), tables.SCHEMA)
-        )
+        log.info(startup_report(executor_options, catalog.all(), tables.SCHEMA))
         executor = Executor(executor_options)
         executor.install_signal_handlers()
         code = executor.run()
