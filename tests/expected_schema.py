@@ -82,7 +82,7 @@ EXPECTED = {
                 "workflow_commands_pkey": "PRIMARY KEY (id)",
                 "workflow_commands_state_check": "CHECK (((state)::text = ANY ((ARRAY['PENDING'::character varying, 'DEFERRED'::character varying, 'CLAIMED'::character varying, 'PARKED'::character varying, 'DEAD'::character varying, 'COMPLETE'::character varying, 'REJECTED'::character varying, 'STALE'::character varying, 'FAILED'::character varying, "
                 "'SUPERSEDED'::character varying, 'CANCELLED'::character varying])::text[])))",
-                "workflow_commands_timer_kind_check": "CHECK (((((kind)::text = 'TIMER'::text) AND ((timer_kind)::text = ANY ((ARRAY['FIRE'::character varying, 'TIMEOUT'::character varying, 'DUE'::character varying, 'REMINDER'::character varying])::text[]))) OR ((NOT ((kind)::text = 'TIMER'::text)) AND (timer_kind IS NULL))))",
+                "workflow_commands_timer_kind_check": "CHECK (((((kind)::text = 'TIMER'::text) AND (timer_kind IS NOT NULL) AND ((timer_kind)::text = ANY ((ARRAY['FIRE'::character varying, 'TIMEOUT'::character varying, 'DUE'::character varying, 'REMINDER'::character varying])::text[]))) OR ((NOT ((kind)::text = 'TIMER'::text)) AND (timer_kind IS NULL))))",
                 "workflow_commands_wf_seq_uniq": "UNIQUE (workflow_id, seq)",
                 "workflow_commands_workflow_fk": "FOREIGN KEY (workflow_id) REFERENCES workflow_instances(id) ON DELETE CASCADE",
             },

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections, transaction
+from django.test import override_settings
 
 import vertique_workflow as wf
 from tests.flows.workflows import Blocking
@@ -101,24 +104,34 @@ def test_cancel_racing_a_segment_waits_for_it_and_does_not_deadlock():
         return run_head(head, "node-a").result
 
     def canceller() -> bool:
-        assert Blocking.entered.wait(30), "the segment never started"
+        assert Blocking.entered.wait(120), "the segment never started"
         cancel_started.set()
         return wf.cancel(ref.id, reason="racing")
 
     def releaser() -> None:
-        assert cancel_started.wait(30)
-        # the cancel is now queued behind the execution lock (or about to be)
-        with connection.cursor() as cursor:
-            for _ in range(600):
-                cursor.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                )
-                if cursor.fetchone()[0] >= 1:
-                    break
-                threading.Event().wait(0.01)
-        Blocking.release.set()
+        assert cancel_started.wait(120)
+        # release only once PostgreSQL shows the cancel queued behind the execution
+        # lock: on a slow machine a fixed wait would release too early and the
+        # test would no longer race (the guard fails loudly instead)
+        try:
+            guard = time.monotonic() + 120
+            with connection.cursor() as cursor:
+                while True:
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    )
+                    if cursor.fetchone()[0] >= 1:
+                        return
+                    assert time.monotonic() < guard, "the cancel never queued on the lock"
+                    threading.Event().wait(0.01)
+        finally:
+            Blocking.release.set()
 
-    results = in_threads(segment, canceller, releaser)
+    # the cancel's lock wait spans the segment's commit: no 5 s lock_timeout here
+    with override_settings(
+        VERTIQUE_WORKFLOW={**settings.VERTIQUE_WORKFLOW, "LOCK_TIMEOUT_MS": 120_000}
+    ):
+        results = in_threads(segment, canceller, releaser)
     assert results[0] == "COMPLETED"
     assert results[1] is True
     instance = wf.get(ref.id)

@@ -346,7 +346,7 @@ def waiting_advisory_locks(holder: psycopg.Connection) -> int:
 
 def release_when_all_wait(holder: psycopg.Connection, count: int) -> None:
     """Release the holder's lock once ``count`` sessions queue behind it."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a hang guard, not a timing assumption
     while waiting_advisory_locks(holder) < count:
         assert time.monotonic() < deadline, "the workers never queued on the id lock"
         time.sleep(0.02)
@@ -363,9 +363,11 @@ def finish(threads: list[threading.Thread]) -> None:
 def test_concurrent_first_boots_write_one_row_and_one_activation(holder):
     plan = FakePlan(new_id(), 1)
     hold(holder, plan.id)
-    threads, results, errors = run_threads(4, lambda _: store.upsert_code(plan))
-    release_when_all_wait(holder, 4)
-    finish(threads)
+    # the first worker's lock wait spans the others' start-up: no 30 s default
+    with lock_timeout(120_000):
+        threads, results, errors = run_threads(4, lambda _: store.upsert_code(plan))
+        release_when_all_wait(holder, 4)
+        finish(threads)
     assert errors == []
     assert sorted(results) == ["INSERTED", "UNCHANGED", "UNCHANGED", "UNCHANGED"]
     assert rows(plan.id) == [("default", 1, "AVAILABLE")]
@@ -376,11 +378,13 @@ def test_concurrent_first_boots_write_one_row_and_one_activation(holder):
 def test_concurrent_boots_of_several_versions_activate_the_highest(holder):
     definition_id = new_id()
     hold(holder, definition_id)
-    threads, results, errors = run_threads(
-        4, lambda index: store.upsert_code(FakePlan(definition_id, index + 1))
-    )
-    release_when_all_wait(holder, 4)
-    finish(threads)
+    # the first worker's lock wait spans the others' start-up: no 30 s default
+    with lock_timeout(120_000):
+        threads, results, errors = run_threads(
+            4, lambda index: store.upsert_code(FakePlan(definition_id, index + 1))
+        )
+        release_when_all_wait(holder, 4)
+        finish(threads)
     assert errors == []
     assert results == ["INSERTED"] * 4
     assert activation(definition_id) == ("default", 4)

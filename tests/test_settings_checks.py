@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from tests.conftest import run_manage
 from vertique_workflow import tables
 from vertique_workflow.checks import check_settings
-from vertique_workflow.conf import workflow_settings
+from vertique_workflow.conf import DEFAULTS, INT4_MAX, workflow_settings
 
 
 @pytest.mark.parametrize(
@@ -92,3 +95,118 @@ def test_defaults_are_documented_values():
     assert workflow_settings.DATABASE == "default"
     with pytest.raises(AttributeError):
         workflow_settings.NOT_A_SETTING  # noqa: B018
+
+
+# Every integer setting with values it must refuse: below its minimum, past
+# PostgreSQL's integer limit, and of the wrong type (a bool is not an int).
+BAD_INTEGERS = [
+    ("LOCK_TIMEOUT_MS", 0, "is 0", "from 1 to 2147483647"),
+    ("LOCK_TIMEOUT_MS", True, "is a bool, not an int", "from 1 to 2147483647"),
+    ("LOCK_TIMEOUT_MS", "5000", "is a str, not an int", "from 1 to 2147483647"),
+    ("LOCK_TIMEOUT_MS", 5000.0, "is a float, not an int", "from 1 to 2147483647"),
+    ("LOCK_TIMEOUT_MS", None, "is None, not an int", "from 1 to 2147483647"),
+    ("LOCK_TIMEOUT_MS", 2**31, "is 2147483648", "from 1 to 2147483647"),
+    ("DEFINITION_LOCK_TIMEOUT_MS", 0, "is 0", "from 1 to 2147483647"),
+    ("SEGMENT_DEADLINE_MS", 0, "is 0", "from 1 to 2147483647"),
+    ("SEGMENT_DEADLINE_MS", 2**31, "is 2147483648", "from 1 to 2147483647"),
+    ("POLL_INTERVAL_MS", 0, "is 0", "from 1 to 2147483647"),
+    ("LEASE_SECONDS", -1, "is -1", "from 1 to 2147483647"),
+    ("MAX_ATTEMPTS", 0, "is 0", "from 1 to 2147483647"),
+    ("BACKOFF_BASE_MS", 0, "is 0", "from 1 to 2147483647"),
+    ("BACKOFF_MAX_MS", False, "is a bool, not an int", "from 1 to 2147483647"),
+    ("STUCK_AFTER_SECONDS", 0, "is 0", "from 1 to 2147483647"),
+    ("OPEN_SIGNALS_CAP", 0, "is 0", "from 1 to 2147483647"),
+    ("HISTORY_PATCH_MAX_BYTES", 1, "is 1", "from 2 to 2147483647"),
+    ("EXECUTOR_CONCURRENCY", 0, "is 0", "from 1 to 2147483647"),
+    ("SHUTDOWN_GRACE_SECONDS", -1, "is -1", "from 0 to 2147483647"),
+    ("SHUTDOWN_GRACE_SECONDS", 2.5, "is a float, not an int", "from 0 to 2147483647"),
+]
+
+
+def check_errors(user: dict[str, object]) -> list[str]:
+    """What ``manage.py check`` (in-process) reports for these settings."""
+    with override_settings(VERTIQUE_WORKFLOW=user):
+        try:
+            call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+        except SystemCheckError as exc:
+            return [line for line in str(exc).splitlines() if "vertique_workflow.E" in line]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem", "allowed"),
+    BAD_INTEGERS,
+    ids=[f"{key}={value!r}" for key, value, *_ in BAD_INTEGERS],
+)
+def test_a_bad_integer_setting_is_a_system_check_error(key, value, problem, allowed):
+    errors = check_errors({key: value})
+    assert errors == [
+        f"?: (vertique_workflow.E004) VERTIQUE_WORKFLOW[{key!r}] {problem}; "
+        f"it must be an integer {allowed}."
+    ]
+
+
+def test_every_integer_setting_is_validated_and_tested():
+    """A new integer key needs a declared minimum and a refused value above."""
+    integer_keys = {key for key, default in DEFAULTS.items() if default.is_integer}
+    assert integer_keys == {key for key, *_ in BAD_INTEGERS}
+    for key in integer_keys:
+        assert DEFAULTS[key].minimum is not None, f"{key} declares no minimum"
+        assert DEFAULTS[key].maximum <= INT4_MAX, key
+
+
+def test_a_zero_lock_timeout_is_explained_as_waiting_forever():
+    with override_settings(VERTIQUE_WORKFLOW={"LOCK_TIMEOUT_MS": 0}):
+        (error,) = check_settings()
+    assert error.id == "vertique_workflow.E004"
+    assert "wait forever" in error.hint
+    assert "The default is 5000." in error.hint
+
+
+def test_every_bad_integer_is_reported_at_once():
+    errors = check_errors({"LOCK_TIMEOUT_MS": 0, "MAX_ATTEMPTS": "5", "LEASE_SECONDS": True})
+    named = {e.split("VERTIQUE_WORKFLOW['")[1].split("'")[0] for e in errors}
+    assert len(errors) == 3
+    assert named == {"LOCK_TIMEOUT_MS", "LEASE_SECONDS", "MAX_ATTEMPTS"}
+
+
+def test_the_defaults_and_the_bounds_themselves_pass():
+    assert check_errors({}) == []
+    assert check_errors({key: default.value for key, default in DEFAULTS.items()}) == []
+    edges = {key: default.minimum for key, default in DEFAULTS.items() if default.is_integer}
+    assert check_errors(edges) == []
+    assert check_errors({key: INT4_MAX for key in edges}) == []
+
+
+def test_non_integer_settings_keep_their_own_checks():
+    assert (
+        check_errors(
+            {
+                "DATABASE": "default",
+                "NODE_ID": "node-1",
+                "REDACTED_FIELDS": ["card"],
+                "DURABLE_CONTEXT": (),
+                "RECORDERS": [],
+                "EXECUTOR_ENABLED": False,
+            }
+        )
+        == []
+    )
+    with override_settings(VERTIQUE_WORKFLOW={"SCHEMA": "two words"}):
+        assert [e.id for e in check_settings()] == ["vertique_workflow.E003"]
+    with override_settings(VERTIQUE_WORKFLOW={"LOCK_TIMOUT_MS": 0}):
+        assert [e.id for e in check_settings()] == ["vertique_workflow.E002"]
+
+
+def test_a_zero_lock_timeout_stops_manage_commands(scratch_database):
+    result = run_manage(
+        "check",
+        dbname=scratch_database,
+        check=False,
+        extra_env={"VERTIQUE_TEST_SETTINGS_JSON": json.dumps({"LOCK_TIMEOUT_MS": 0})},
+    )
+    assert result.returncode != 0
+    assert "vertique_workflow.E004" in result.stderr
+    assert (
+        "VERTIQUE_WORKFLOW['LOCK_TIMEOUT_MS'] is 0; it must be an integer from 1" in result.stderr
+    )

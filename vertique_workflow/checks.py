@@ -39,6 +39,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         tables.configured_schema()
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="vertique_workflow.E003"))
+    errors.extend(check_integer_settings())
+    return errors
+
+
+def check_integer_settings() -> list[checks.CheckMessage]:
+    """E004: every integer setting is an int (not a bool) within its range.
+
+    The ranges live with the defaults (``conf.DEFAULTS``), so a key added
+    there with a ``minimum`` is checked here without further code. A lock or
+    statement timeout of 0 would mean "wait forever", so timeouts start at 1;
+    every maximum is PostgreSQL's integer limit. The message names the key,
+    the value's type (or the number) and the range, never other value text.
+    """
+    errors: list[checks.CheckMessage] = []
+    user = workflow_settings.user_settings
+    for key, default in DEFAULTS.items():
+        if key not in user:
+            continue
+        problem = default.range_error(user[key])
+        if problem is None:
+            continue
+        hint = f"The default is {default.value!r}."
+        if default.note:
+            hint = f"{default.note} {hint}"
+        errors.append(
+            checks.Error(
+                f"{SETTING_NAME}[{key!r}] {problem}; it must be {default.range_text()}.",
+                hint=hint,
+                id="vertique_workflow.E004",
+            )
+        )
     return errors
 
 

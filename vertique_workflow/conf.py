@@ -17,36 +17,107 @@ from django.core.signals import setting_changed
 SETTING_NAME = "VERTIQUE_WORKFLOW"
 
 
+# The largest PostgreSQL integer: timeouts are set as integer milliseconds, and
+# attempts and open-signal counts are compared with integer columns.
+INT4_MAX = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class Default:
+    """One setting: its default, what it means, and for an integer its range.
+
+    A setting is an integer setting when its default is an int (``bool`` is
+    not) or when it declares a ``minimum``; the system check
+    ``vertique_workflow.E004`` then refuses any other type and any value
+    outside ``minimum``..``maximum``. Adding a validated key is one entry::
+
+        "MAX_THINGS": Default(100, "What it bounds.", minimum=1),
+
+    ``note`` explains in the check's hint why the bounds are what they are.
+    An integer setting whose default is None also admits None.
+    """
+
     value: Any
     doc: str
+    minimum: int | None = None
+    maximum: int = INT4_MAX
+    note: str = ""
 
+    @property
+    def is_integer(self) -> bool:
+        return is_int(self.value) or self.minimum is not None
+
+    def range_error(self, value: Any) -> str | None:
+        """What is wrong with ``value`` (its type or number, never other text), or None."""
+        if not self.is_integer or (value is None and self.value is None):
+            return None
+        if value is None:
+            return "is None, not an int"
+        if not is_int(value):
+            return f"is a {type(value).__name__}, not an int"
+        if (self.minimum is not None and value < self.minimum) or value > self.maximum:
+            return f"is {value}"
+        return None
+
+    def range_text(self) -> str:
+        if self.minimum is None:
+            return f"an integer of at most {self.maximum}"
+        return f"an integer from {self.minimum} to {self.maximum}"
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (``True`` is no lock timeout)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+NO_TIMEOUT = "0 would disable the timeout: wait forever."
 
 DEFAULTS: dict[str, Default] = {
     "SCHEMA": Default(None, "Schema holding every workflow table; None = unqualified names."),
     "DATABASE": Default("default", "Database alias the workflow tables live in."),
-    "LOCK_TIMEOUT_MS": Default(5000, "lock_timeout for the per-instance execution lock wait."),
-    "DEFINITION_LOCK_TIMEOUT_MS": Default(30000, "lock_timeout for registry mutations."),
-    "POLL_INTERVAL_MS": Default(1000, "Executor fallback poll interval (and listener retry)."),
-    "LEASE_SECONDS": Default(60, "How long a claim stays valid before another node may take it."),
+    "LOCK_TIMEOUT_MS": Default(
+        5000, "lock_timeout for the per-instance execution lock wait.", minimum=1, note=NO_TIMEOUT
+    ),
+    "DEFINITION_LOCK_TIMEOUT_MS": Default(
+        30000, "lock_timeout for registry mutations.", minimum=1, note=NO_TIMEOUT
+    ),
+    "POLL_INTERVAL_MS": Default(
+        1000, "Executor fallback poll interval (and listener retry).", minimum=1
+    ),
+    "LEASE_SECONDS": Default(
+        60, "How long a claim stays valid before another node may take it.", minimum=1
+    ),
     "SEGMENT_DEADLINE_MS": Default(
-        30000, "Bound of one segment transaction (whole, not per statement)."
+        30000,
+        "Bound of one whole segment transaction (not per statement).",
+        minimum=1,
+        note=NO_TIMEOUT,
     ),
-    "MAX_ATTEMPTS": Default(10, "Attempts a command may spend before it is dead-lettered."),
+    "MAX_ATTEMPTS": Default(
+        10, "Attempts a command may spend before it is dead-lettered.", minimum=1
+    ),
     "BACKOFF_BASE_MS": Default(
-        1000, "First retry delay after a failed attempt (doubles, jittered)."
+        1000, "First retry delay after a failed attempt (doubles, jittered).", minimum=1
     ),
-    "BACKOFF_MAX_MS": Default(120000, "Upper bound of the retry delay."),
-    "STUCK_AFTER_SECONDS": Default(300, "Age after which the probe lists a command as stuck."),
-    "OPEN_SIGNALS_CAP": Default(1000, "Open (unapplied) signals one instance may hold."),
-    "HISTORY_PATCH_MAX_BYTES": Default(65536, "Largest decision patch stored; larger => baseline."),
+    "BACKOFF_MAX_MS": Default(120000, "Upper bound of the retry delay.", minimum=1),
+    "STUCK_AFTER_SECONDS": Default(
+        300, "Age after which the probe lists a command as stuck.", minimum=1
+    ),
+    "OPEN_SIGNALS_CAP": Default(1000, "Open (unapplied) signals one instance may hold.", minimum=1),
+    "HISTORY_PATCH_MAX_BYTES": Default(
+        65536,
+        "Largest decision patch stored; larger => baseline.",
+        minimum=2,
+        note="Below 2 even the empty patch [] of an unchanged state is a full baseline.",
+    ),
     "REDACTED_FIELDS": Default((), "State/payload keys kept out of every history column."),
     "DURABLE_CONTEXT": Default((), "Dotted paths of contextvars carried to the executor."),
     "RECORDERS": Default((), "Dotted paths of side-effect recorders run in the segment."),
     "EXECUTOR_ENABLED": Default(True, "False: this node only records (writes no CODE rows)."),
-    "EXECUTOR_CONCURRENCY": Default(4, "Worker threads of manage.py workflow_executor."),
-    "SHUTDOWN_GRACE_SECONDS": Default(30, "How long running segments may finish on SIGTERM."),
+    "EXECUTOR_CONCURRENCY": Default(4, "Worker threads of manage.py workflow_executor.", minimum=1),
+    "SHUTDOWN_GRACE_SECONDS": Default(
+        30, "How long running segments may finish on SIGTERM.", minimum=0
+    ),
     "NODE_ID": Default(None, "Executor node id; None = <hostname>:<pid>."),
 }
 

@@ -478,7 +478,11 @@ class WorkflowCommand(models.Model):
                 condition=_in("kind", CommandKind), name="workflow_commands_kind_check"
             ),
             models.CheckConstraint(
-                condition=(Q(kind="TIMER") & _in("timer_kind", TimerKind))
+                # set exactly when kind is TIMER: IN alone is NULL (not false)
+                # for a NULL timer_kind, and a CHECK admits NULL
+                condition=(
+                    Q(kind="TIMER") & Q(timer_kind__isnull=False) & _in("timer_kind", TimerKind)
+                )
                 | (~Q(kind="TIMER") & Q(timer_kind__isnull=True)),
                 name="workflow_commands_timer_kind_check",
             ),

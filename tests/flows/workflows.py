@@ -169,7 +169,7 @@ class BlockingFlow(Workflow[dict]):
     @action(start=True, next="wait_go")
     def hold(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
         Blocking.entered.set()
-        if not Blocking.release.wait(30):
+        if not Blocking.release.wait(120):
             raise RuntimeError("the test never released the blocking action")
         return {**state, "held": True}
 

@@ -215,8 +215,12 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             "workflowcommand",
             models.CheckConstraint(
+                # timer_kind IS NOT NULL is spelled out: IN alone is NULL (not
+                # false) for a NULL timer_kind, and a CHECK admits NULL
                 condition=(
-                    Q(kind="TIMER") & Q(timer_kind__in=["FIRE", "TIMEOUT", "DUE", "REMINDER"])
+                    Q(kind="TIMER")
+                    & Q(timer_kind__isnull=False)
+                    & Q(timer_kind__in=["FIRE", "TIMEOUT", "DUE", "REMINDER"])
                 )
                 | (~Q(kind="TIMER") & Q(timer_kind__isnull=True)),
                 name="workflow_commands_timer_kind_check",
