@@ -27,15 +27,14 @@ from __future__ import annotations
 from typing import Any
 
 from .. import context, failures
-from ..conf import workflow_settings
 from ..definitions import Plan
-from ..engine import decision_log
-from ..engine.decision_log import HistoryEntry, ending_entries
+from ..engine.decision_log import HistoryEntry
 from ..engine.drive import DriveResult, RunFacts, resume, start
 from ..exceptions import NonRetryable, WorkflowConflict
 from ..store import commands, history
 from ..store import definitions as registry
 from ..store import segment as segment_store
+from . import transition
 
 
 def run(
@@ -95,31 +94,12 @@ def run(
     if result is None:  # only dead letters to re-offer: the instance stays as it is
         result = DriveResult(True, row.status, row.current_step_id, row.state_json)
     else:
-        logged, _ = decision_log.decision_entries(
-            result.decisions,
-            state_version=row.version,
-            baseline_needed=fresh_start or not row.baseline_logged,
-            redacted_fields=workflow_settings.REDACTED_FIELDS,
-            max_patch_bytes=workflow_settings.HISTORY_PATCH_MAX_BYTES,
+        entries.extend(
+            transition.logged_entries(
+                result, row, baseline_needed=fresh_start or not row.baseline_logged
+            )
         )
-        entries.extend(logged)
-        entries.extend(ending_entries(result))
-    ended = result.status == "COMPLETED"
-    if not segment_store.persist(
-        instance=row,
-        command_id=command.id,
-        token=token,
-        status=result.status,
-        current_step=result.current_step,
-        state=result.state,
-        error_type=result.error_type,
-        error_message=result.error_message,
-        ended=ended or result.status == "FAILED",
-        subject=None,
-        entries=entries,
-        common=common,
-    ):
-        raise commands_conflict()
+    transition.persist(row, command.id, token, result, entries=entries, common=common)
     offered = commands.reoffer(row.id, failed_command)
     if offered:
         history.append(
@@ -134,10 +114,7 @@ def run(
             ],
             **{**common, "command_id": command.id},
         )
-    if result.status == "WAITING" and result.waiting:
-        commands.requeue_parked(row.id, list(result.waiting))
-    elif ended:
-        commands.settle_ended(row.id, cancelled=False)
+    transition.settle_parked(row, result)
     return "COMPLETED"
 
 
@@ -168,9 +145,3 @@ def _restored(plan: Plan, status: str, step: str | None, state: Any) -> DriveRes
     if step is not None and step in plan.steps and plan.steps[step].kind == "wait":
         waiting = tuple(plan.steps[step].signals)
     return DriveResult(True, status, step, state, waiting=waiting)
-
-
-def commands_conflict() -> Exception:
-    from .segment import _OptimisticConflict
-
-    return _OptimisticConflict()

@@ -29,8 +29,7 @@ from django.db import DatabaseError, transaction
 from .. import context, failures
 from ..conf import workflow_settings
 from ..definitions import Plan, catalog
-from ..engine import decision_log
-from ..engine.decision_log import HistoryEntry, ending_entries
+from ..engine.decision_log import HistoryEntry
 from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, drive
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import DEFAULT_SCOPE, resident_plan
@@ -38,7 +37,7 @@ from ..store import commands, db, history
 from ..store import segment as segment_store
 from ..store.commands import Head
 from ..store.instances import InstanceRow
-from . import backoff, deadline, recovery
+from . import backoff, deadline, recovery, transition
 
 logger = logging.getLogger("vertique_workflow.executor")
 
@@ -405,34 +404,18 @@ def _settle_segment(
             **common,
         )
         return "PARKED"
-    ended = result.status == "COMPLETED"
-    if not segment_store.persist(
-        instance=row,
-        command_id=command.id,
-        token=claim.token,
-        status=result.status,
-        current_step=result.current_step,
-        state=result.state,
-        error_type=result.error_type,
-        error_message=result.error_message,
-        ended=ended or result.status == "FAILED",
-        subject=command.target if command.kind == "START" else None,
+    transition.persist(
+        row,
+        command.id,
+        claim.token,
+        result,
         entries=_entries(command.kind, row, result, signal_name),
         common=common,
-    ):
-        raise _OptimisticConflict()
+        subject=command.target if command.kind == "START" else None,
+    )
     if loaded.has_parked_or_dead:
-        if ended:
-            commands.settle_ended(row.id, cancelled=False)
-        elif result.status == "WAITING" and result.waiting:
-            commands.requeue_parked(row.id, list(result.waiting))
+        transition.settle_parked(row, result)
     return "COMPLETED"
-
-
-class _OptimisticConflict(DatabaseError):
-    """The instance or command changed under the execution lock: retried as transient."""
-
-    sqlstate = "40001"
 
 
 def _entries(
@@ -451,13 +434,5 @@ def _entries(
         # an instance converted by 0003 logs one baseline at its first segment
         baseline = not row.baseline_logged
         entries.append(HistoryEntry("SIGNAL_APPLIED", {"signal": str(signal_name)[:255]}))
-    logged, _ = decision_log.decision_entries(
-        result.decisions,
-        state_version=row.version,
-        baseline_needed=baseline,
-        redacted_fields=workflow_settings.REDACTED_FIELDS,
-        max_patch_bytes=workflow_settings.HISTORY_PATCH_MAX_BYTES,
-    )
-    entries.extend(logged)
-    entries.extend(ending_entries(result))
+    entries.extend(transition.logged_entries(result, row, baseline_needed=baseline))
     return entries

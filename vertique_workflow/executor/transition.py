@@ -1,0 +1,80 @@
+"""Writing a drive's outcome: the pieces every segment kind shares.
+
+A START or SIGNAL segment and a RETRY segment both turn a ``DriveResult``
+into history entries (the decision log and the ending entry), persist it in
+one statement (instance, history, command completion) and then settle the
+instance's parked commands. One place for each, so the kinds cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DatabaseError
+
+from ..conf import workflow_settings
+from ..engine import decision_log
+from ..engine.decision_log import HistoryEntry, ending_entries
+from ..engine.drive import DriveResult
+from ..store import commands
+from ..store import segment as segment_store
+from ..store.instances import InstanceRow
+
+
+class OptimisticConflict(DatabaseError):
+    """The instance or command changed under the execution lock: retried as transient."""
+
+    sqlstate = "40001"
+
+
+def logged_entries(
+    result: DriveResult, row: InstanceRow, *, baseline_needed: bool
+) -> list[HistoryEntry]:
+    """The decision log of a drive (redacted, patches or baselines) and its ending entry."""
+    logged, _ = decision_log.decision_entries(
+        result.decisions,
+        state_version=row.version,
+        baseline_needed=baseline_needed,
+        redacted_fields=workflow_settings.REDACTED_FIELDS,
+        max_patch_bytes=workflow_settings.HISTORY_PATCH_MAX_BYTES,
+    )
+    return [*logged, *ending_entries(result)]
+
+
+def persist(
+    row: InstanceRow,
+    command_id: int,
+    token: Any,
+    result: DriveResult,
+    *,
+    entries: list[HistoryEntry],
+    common: dict[str, Any],
+    subject: Any = None,
+) -> None:
+    """The instance, the entries and the command's completion in one statement."""
+    if not segment_store.persist(
+        instance=row,
+        command_id=command_id,
+        token=token,
+        status=result.status,
+        current_step=result.current_step,
+        state=result.state,
+        error_type=result.error_type,
+        error_message=result.error_message,
+        ended=result.status in ("COMPLETED", "FAILED"),
+        subject=subject,
+        entries=entries,
+        common=common,
+    ):
+        raise OptimisticConflict()
+
+
+def settle_parked(row: InstanceRow, result: DriveResult) -> None:
+    """An ended instance settles its parked and dead commands; a wait re-queues what it accepts."""
+    if result.status == "COMPLETED":
+        commands.settle_ended(row.id, cancelled=False)
+    elif result.status == "WAITING" and result.waiting:
+        commands.requeue_parked(row.id, list(result.waiting))
+
+
+__all__ = ["OptimisticConflict", "logged_entries", "persist", "settle_parked"]
