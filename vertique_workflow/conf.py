@@ -36,6 +36,9 @@ DEFAULTS: dict[str, Default] = {
     "BACKOFF_MAX_MS": Default(60000, "Upper bound of the retry delay."),
     "STUCK_AFTER_SECONDS": Default(300, "Age after which the probe lists a command as stuck."),
     "OPEN_SIGNALS_CAP": Default(1000, "Open (unapplied) signals one instance may hold."),
+    "MAX_PAYLOAD_BYTES": Default(
+        1048576, "Largest start/signal payload and stored state, bytes of compact UTF-8 JSON."
+    ),
     "HISTORY_PATCH_MAX_BYTES": Default(65536, "Largest decision patch stored; larger => baseline."),
     "REDACTED_FIELDS": Default((), "State/payload keys kept out of every history column."),
     "DURABLE_CONTEXT": Default((), "Dotted paths of contextvars carried to the executor."),

@@ -221,6 +221,7 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> str:
         command_id=command.id,
         command_kind=command.kind,
         actor=command.actor,
+        max_state_bytes=workflow_settings.MAX_PAYLOAD_BYTES,
     )
     signal_name = (command.target or {}).get("name") if command.kind == "SIGNAL" else None
     if signal_name is not None and (command.target or {}).get("branchId"):
