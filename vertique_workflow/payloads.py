@@ -49,55 +49,86 @@ def _key_path(path: str, key: str) -> str:
 def _string_problem(text: str) -> str | None:
     if "\x00" in text:
         return "a NUL character (\\u0000), which PostgreSQL cannot store"
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return "a lone surrogate, which is not valid Unicode"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a lone surrogate, which is not valid Unicode"
     return None
 
 
-def _walk(value: Any, path: str, depth: int, error: type[Exception], objects: bool) -> Any:
-    # str/bool/int/None first: they are most of any value, and bool before int
+def _storable(text: str) -> bool:
+    """No NUL, valid Unicode: the cheap test of every string (ASCII is the usual case)."""
+    return "\x00" not in text and (text.isascii() or _string_problem(text) is None)
+
+
+class _Refused(Exception):
+    """A refusal on its way up the walk; each level adds its key or index to ``where``.
+
+    The path is only built when something is refused, so the walk of a valid
+    value (every step of every segment, for states) builds no strings.
+    """
+
+    def __init__(self, template: str) -> None:
+        super().__init__(template)
+        self.template = template
+        self.where: list[str | int] = []
+
+    def path(self, root: str) -> str:
+        path = root
+        for part in reversed(self.where):
+            path = f"{path}[{part}]" if isinstance(part, int) else _key_path(path, part)
+        return path
+
+
+def _walk(value: Any, depth: int, objects: bool) -> Any:
+    # the common types first, in the order a state holds them most
     if isinstance(value, str):
-        problem = _string_problem(value)
-        if problem is not None:
-            raise error(f"{path} holds {problem}")
+        if not _storable(value):
+            raise _Refused(f"{{path}} holds {_string_problem(value)}")
         return value
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        if value.bit_length() > _SAFE_INT_BITS:
-            raise error(f"{path} holds an integer too large for JSON")
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise error(f"{path} holds a non-finite float, which JSON cannot store")
-        return value
-    if isinstance(value, dict | list | tuple) or (
-        objects and dataclasses.is_dataclass(value) and not isinstance(value, type)
-    ):
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
         depth += 1
         if depth > MAX_DEPTH:
-            raise error(f"{path} is nested deeper than {MAX_DEPTH} levels")
-    if isinstance(value, dict):
-        result = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise error(f"{path} has a {type(key).__name__} key; JSON keys are strings")
-            problem = _string_problem(key)
-            if problem is not None:
-                raise error(f"a key of {path} holds {problem}")
-            result[key] = _walk(item, _key_path(path, key), depth, error, objects)
+            raise _Refused(f"{{path}} is nested deeper than {MAX_DEPTH} levels")
+        result: list[Any] = []
+        for index, item in enumerate(value):
+            try:
+                result.append(_walk(item, depth, objects))
+            except _Refused as refused:
+                refused.where.append(index)
+                raise
         return result
-    if isinstance(value, list | tuple):
-        return [_walk(item, f"{path}[{i}]", depth, error, objects) for i, item in enumerate(value)]
-    if objects and dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _walk(getattr(value, f.name), _key_path(path, f.name), depth, error, objects)
-            for f in dataclasses.fields(value)
-        }
-    raise error(f"{path} holds a {type(value).__name__}, which is not JSON")
+    elif value is None or isinstance(value, bool):
+        return value
+    elif isinstance(value, int):
+        if value.bit_length() > _SAFE_INT_BITS:
+            raise _Refused("{path} holds an integer too large for JSON")
+        return value
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _Refused("{path} holds a non-finite float, which JSON cannot store")
+        return value
+    elif objects and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    else:
+        raise _Refused(f"{{path}} holds a {type(value).__name__}, which is not JSON")
+    depth += 1
+    if depth > MAX_DEPTH:
+        raise _Refused(f"{{path}} is nested deeper than {MAX_DEPTH} levels")
+    copied = {}
+    for key, item in items:
+        if not isinstance(key, str):
+            raise _Refused(f"{{path}} has a {type(key).__name__} key; JSON keys are strings")
+        if not _storable(key):
+            raise _Refused(f"a key of {{path}} holds {_string_problem(key)}")
+        try:
+            copied[key] = _walk(item, depth, objects)
+        except _Refused as refused:
+            refused.where.append(key)
+            raise
+    return copied
 
 
 def json_copy(
@@ -116,7 +147,10 @@ def json_copy(
     dataclass instances become objects of their fields (states may hold them,
     payloads may not: a caller's payload is JSON already).
     """
-    return _walk(value, root, 0, error, objects)
+    try:
+        return _walk(value, 0, objects)
+    except _Refused as refused:
+        raise error(refused.template.replace("{path}", refused.path(root))) from None
 
 
 def json_size(value: Any) -> int:
