@@ -116,6 +116,7 @@ BAD_INTEGERS = [
     ("BACKOFF_MAX_MS", False, "is a bool, not an int", "from 1 to 2147483647"),
     ("STUCK_AFTER_SECONDS", 0, "is 0", "from 1 to 2147483647"),
     ("OPEN_SIGNALS_CAP", 0, "is 0", "from 1 to 2147483647"),
+    ("MAX_PAYLOAD_BYTES", 0, "is 0", "from 1 to 2147483647"),
     ("HISTORY_PATCH_MAX_BYTES", 1, "is 1", "from 2 to 2147483647"),
     ("EXECUTOR_CONCURRENCY", 0, "is 0", "from 1 to 2147483647"),
     ("SHUTDOWN_GRACE_SECONDS", -1, "is -1", "from 0 to 2147483647"),

@@ -104,6 +104,11 @@ DEFAULTS: dict[str, Default] = {
         300, "Age after which the probe lists a command as stuck.", minimum=1
     ),
     "OPEN_SIGNALS_CAP": Default(1000, "Open (unapplied) signals one instance may hold.", minimum=1),
+    "MAX_PAYLOAD_BYTES": Default(
+        1048576,
+        "Largest start/signal payload and stored state, bytes of compact UTF-8 JSON.",
+        minimum=1,
+    ),
     "HISTORY_PATCH_MAX_BYTES": Default(
         65536,
         "Largest decision patch stored; larger => baseline.",

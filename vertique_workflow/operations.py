@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from . import context, failures
+from . import context, failures, payloads
 from .conf import workflow_settings
 from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
@@ -110,14 +110,14 @@ def _require_key(value: Any, what: str) -> str:
         raise WorkflowValidationError(
             f"{what} must be a non-empty string of at most {KEY_MAX} characters"
         )
+    if "\x00" in value:  # a text column cannot hold it: a database error otherwise
+        raise WorkflowValidationError(f"{what} holds a NUL character (\\u0000)")
     return value
 
 
-def _require_json(value: Any, what: str) -> None:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        raise WorkflowValidationError(f"{what} must be JSON-serialisable") from None
+def _require_payload(value: Any, what: str) -> None:
+    """The JSON rules and the size limit (payloads.check), before any read or write."""
+    payloads.check(value, what, max_bytes=workflow_settings.MAX_PAYLOAD_BYTES)
 
 
 def _uuid(value: Any) -> uuid.UUID:
@@ -161,7 +161,8 @@ def start(
         raise WorkflowValidationError("version must be a positive integer")
     if payload is not None and not isinstance(payload, dict):
         raise WorkflowValidationError("the start payload must be a JSON object")
-    _require_json(payload, "the start payload")
+    _require_payload(payload, "the start payload")
+    _require_payload(subject, "the subject")
     fingerprint = _fingerprint(payload=payload, business_key=business_key, version=version)
     # Reads need no transaction of their own; the writes below are one atomic
     # block (a savepoint inside the caller's transaction), so a refusal or a
@@ -261,7 +262,7 @@ def signal(
     workflow_id = _uuid(instance_id)
     _require_key(name, "signal name")
     _require_key(dedup_key, "dedup_key")
-    _require_json(payload, "the signal payload")
+    _require_payload(payload, "the signal payload")
     target: dict[str, Any] = {"name": name}
     if branch is not None:
         if (

@@ -319,3 +319,51 @@ class LockProbeFlow(Workflow[dict]):
         return {**state, "probed": True}
 
     done = end()
+
+
+# -- payload hygiene (tests/test_payloads.py) -------------------------------------------
+
+
+@dataclass
+class Ticket:
+    title: str
+    status: str = "open"
+    notes: list[Any] = dataclasses.field(default_factory=list)
+
+
+class TicketFlow(Workflow[Ticket]):
+    """A dataclass state; "update" is folded in by the default merge only, "both" also by
+    a wait with its own apply (so the record side cannot tell what fits)."""
+
+    id, version, contract = "ticket", 1, "ticket.v1"
+    signals = {"update": None, "both": None}
+
+    @action(start=True, next="triage")
+    def open_ticket(self, state: Ticket, ctx: StepContext) -> Ticket:
+        return state
+
+    triage = wait("update", "both", next="review")
+    review = wait("both", next="done", apply="note")
+    done = end()
+
+    def note(self, state: Ticket, name: str, payload: Any, ctx: StepContext) -> Ticket:
+        return dataclasses.replace(state, notes=[*state.notes, payload])
+
+
+class GrowingFlow(Workflow[dict]):
+    """Each "grow" step appends ``size`` characters to the state (STATE_TOO_LARGE)."""
+
+    id, version, contract = "growing", 1, "growing.v1"
+    signals = {"more": None}
+
+    @action(start=True, next="more_wait")
+    def grow(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "blob": state.get("blob", "") + "x" * int(state.get("size", 0))}
+
+    more_wait = wait("more", next="grow_again")
+
+    @action(next="done")
+    def grow_again(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "blob": state["blob"] + "x" * int(state.get("size", 0))}
+
+    done = end()

@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import importlib
 import json
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,6 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..exceptions import WorkflowDefinitionError, WorkflowValidationError
+from ..payloads import json_copy
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -185,31 +185,6 @@ def _name_list(names: Iterable[str]) -> str:
     return f"{text} and {more} more" if more > 0 else text
 
 
-def _json_value(value: Any, path: str) -> Any:
-    """A JSON-only deep copy of ``value``; a ``TypeError`` naming the path (never the value)."""
-    if value is None or isinstance(value, str | bool | int):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise TypeError(f"{path} holds a non-finite float, which JSON cannot store")
-        return value
-    if isinstance(value, dict):
-        result = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{path} has a {type(key).__name__} key; JSON keys are strings")
-            result[key] = _json_value(item, f"{path}.{key}")
-        return result
-    if isinstance(value, list | tuple):
-        return [_json_value(item, f"{path}[{index}]") for index, item in enumerate(value)]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _json_value(getattr(value, f.name), f"{path}.{f.name}")
-            for f in dataclasses.fields(value)
-        }
-    raise TypeError(f"{path} holds a {type(value).__name__}, which is not JSON-serialisable")
-
-
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Plan:
     """A validated workflow definition: identity, state type, signals and steps.
@@ -316,24 +291,37 @@ class Plan:
         """The state callbacks see, built from stored JSON (a private copy).
 
         A dataclass state refuses unknown and missing fields with
-        ``WorkflowValidationError``. Nested values stay as JSON (dicts and
-        lists): only the top-level dataclass is rebuilt.
+        ``WorkflowValidationError`` (``check_state_fields``). Nested values
+        stay as JSON (dicts and lists): only the top-level dataclass is rebuilt.
         """
         if data is None:
             data = {}
-        if not isinstance(data, dict):
-            raise WorkflowValidationError(
-                f"state of workflow {self.id!r} must be a JSON object, not {type(data).__name__}"
-            )
+        self.check_state_fields(data, f"state of workflow {self.id!r}")
         data = copy.deepcopy(data)
         if self.state_type is None:
             return data
+        return self.state_type(**data)
+
+    def check_state_fields(self, data: Any, what: str) -> None:
+        """Refuse JSON the state type cannot be built from, without building it.
+
+        The one rule for "fits the state type": a JSON object; for a dataclass
+        state no field it does not declare and every required field. The
+        record side asks it of a start payload (no workflow code runs there:
+        the dataclass is not constructed); ``state_from_json`` of every
+        stored state.
+        """
+        if not isinstance(data, dict):
+            raise WorkflowValidationError(
+                f"{what} must be a JSON object, not {type(data).__name__}"
+            )
+        if self.state_type is None:
+            return
         fields = [f for f in dataclasses.fields(self.state_type) if f.init]
         unknown = set(data) - {f.name for f in fields}
         if unknown:
             raise WorkflowValidationError(
-                f"state of workflow {self.id!r} has fields {self.state_type_name} does not "
-                f"declare: {_name_list(unknown)}"
+                f"{what} has fields {self.state_type_name} does not declare: {_name_list(unknown)}"
             )
         missing = [
             f.name
@@ -344,17 +332,16 @@ class Plan:
         ]
         if missing:
             raise WorkflowValidationError(
-                f"state of workflow {self.id!r} lacks required fields of "
-                f"{self.state_type_name}: {_name_list(missing)}"
+                f"{what} lacks required fields of {self.state_type_name}: {_name_list(missing)}"
             )
-        return self.state_type(**data)
 
     def state_to_json(self, state: Any) -> dict[str, Any]:
         """The JSON to store for a state: a deep copy holding only JSON types.
 
         Raises ``TypeError`` naming the offending field path (never its value)
         when the state is of the wrong type or holds something JSON cannot
-        store (a datetime, a set, NaN, a non-string key).
+        store (a datetime, a set, NaN, a non-string key, a NUL character:
+        the rules of ``payloads.json_copy``).
         """
         if self.state_type is None:
             if not isinstance(state, dict):
@@ -366,7 +353,7 @@ class Plan:
                 f"state of workflow {self.id!r} must be a {self.state_type_name}, "
                 f"not {type(state).__name__}"
             )
-        result: dict[str, Any] = _json_value(state, "state")
+        result: dict[str, Any] = json_copy(state, "state", error=TypeError, objects=True)
         return result
 
     # -- signals ----------------------------------------------------------
@@ -383,7 +370,8 @@ class Plan:
         ``step.apply(state, name, payload, ctx)`` when given. Otherwise a
         merge: a dict state becomes ``state | payload``; a dataclass state is
         ``dataclasses.replace``-d with the payload's keys, which must be
-        declared fields. A ``None`` payload leaves the state unchanged.
+        declared fields (``check_merge``). A ``None`` payload leaves the state
+        unchanged.
         """
         if name not in step.signals:
             raise WorkflowValidationError(
@@ -391,16 +379,32 @@ class Plan:
             )
         if step.apply is not None:
             return step.apply(state, name, payload, ctx)
+        self.check_merge(name, payload)
         if payload is None:
             return state
+        payload = copy.deepcopy(payload)
+        if self.state_type is None:
+            return {**state, **payload}
+        return dataclasses.replace(state, **payload)
+
+    def check_merge(self, name: str, payload: Any) -> None:
+        """Refuse a payload the default merge cannot fold into the state.
+
+        The one rule of the default merge, asked when a wait applies the
+        signal and, on the record side, before the signal is written: a JSON
+        object (or ``None``: nothing to merge) whose keys, for a dataclass
+        state, are declared fields. Its values are not checked: the merge
+        does not look at them.
+        """
+        if payload is None:
+            return
         if not isinstance(payload, dict):
             raise WorkflowValidationError(
                 f"payload of signal {name!r} must be a JSON object to merge into the state of "
                 f"workflow {self.id!r}, not {type(payload).__name__}"
             )
-        payload = copy.deepcopy(payload)
         if self.state_type is None:
-            return {**state, **payload}
+            return
         allowed = {f.name for f in dataclasses.fields(self.state_type) if f.init}
         unknown = set(payload) - allowed
         if unknown:
@@ -408,7 +412,23 @@ class Plan:
                 f"payload of signal {name!r} has fields {self.state_type_name} does not "
                 f"declare: {_name_list(unknown)}"
             )
-        return dataclasses.replace(state, **payload)
+
+    @cached_property
+    def _merged_signals(self) -> frozenset[str]:
+        """Signal names every accepting wait folds in with the default merge.
+
+        Only for these can the record side tell that a payload will not fit:
+        a wait with its own ``apply`` accepts any JSON its schema admits, and
+        a name no wait accepts is never applied.
+        """
+        accepting: dict[str, list[Step]] = {}
+        for step in self.steps.values():
+            if step.kind == "wait":
+                for name in step.signals:
+                    accepting.setdefault(name, []).append(step)
+        return frozenset(
+            name for name, waits in accepting.items() if all(step.apply is None for step in waits)
+        )
 
     # -- payload schemas --------------------------------------------------
 
@@ -425,16 +445,28 @@ class Plan:
         return found
 
     def check_start_payload(self, payload: Any) -> None:
-        """Refuse a start payload that fails ``start_schema`` (``WorkflowValidationError``)."""
-        self._check(None, payload, f"start payload of workflow {self.id!r}")
+        """Refuse a start payload that fails ``start_schema`` or does not fit the state type.
+
+        ``WorkflowValidationError`` either way: the executor would refuse the
+        same payload when it builds the first state.
+        """
+        what = f"start payload of workflow {self.id!r}"
+        self._check(None, payload, what)
+        self.check_state_fields({} if payload is None else payload, what)
 
     def check_signal_payload(self, name: str, payload: Any) -> None:
-        """Refuse an undeclared signal or a payload failing its schema (WorkflowValidationError)."""
+        """Refuse an undeclared signal, a payload failing its schema, or one the merge refuses.
+
+        ``WorkflowValidationError``. The merge rule (``check_merge``) applies
+        when every wait accepting ``name`` uses the default merge.
+        """
         if name not in self.signals:
             raise WorkflowValidationError(
                 f"workflow {self.id!r} version {self.version} declares no signal {str(name)[:64]!r}"
             )
         self._check(name, payload, f"payload of signal {name!r} of workflow {self.id!r}")
+        if name in self._merged_signals:
+            self.check_merge(name, payload)
 
     def _check(self, key: str | None, payload: Any, what: str) -> None:
         from jsonschema.exceptions import best_match

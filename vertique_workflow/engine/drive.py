@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..definitions import Plan, Step, StepContext
-from ..exceptions import NonRetryable, WorkflowDefinitionError
+from ..exceptions import NonRetryable, WorkflowDefinitionError, WorkflowValidationError
+from ..payloads import json_size
 
 # A plan that never reaches a wait or an end inside one segment is a bug in
 # the plan (a decision loop); it fails instead of spinning forever.
@@ -31,6 +32,9 @@ class RunFacts:
     command_id: int | None
     command_kind: str
     actor: Any = None
+    # MAX_PAYLOAD_BYTES, handed in by the segment (the engine reads no settings):
+    # the largest state a drive may leave to be stored; None checks no size.
+    max_state_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,9 +85,30 @@ def _context(facts: RunFacts, step_id: str, **extra: Any) -> StepContext:
     )
 
 
+def _refused(code: str, exc: WorkflowValidationError, step_id: str) -> NonRetryable:
+    """A validation error of the engine's own: the same input fails every attempt.
+
+    ``PAYLOAD_INVALID``: the command's payload does not fit (the start payload
+    the state type, a signal payload the default merge). ``STATE_INVALID``: the
+    stored state no longer fits the state type. The message names fields,
+    never values; it goes to the log only (``detail``).
+    """
+    refused = NonRetryable(code, str(exc))
+    mark_step(refused, step_id)
+    return refused
+
+
+def state_of(plan: Plan, state_json: Any, code: str, step_id: str) -> Any:
+    """``plan.state_from_json``, failing non-retryably (``code``, at ``step_id``) on a misfit."""
+    try:
+        return plan.state_from_json(state_json)
+    except WorkflowValidationError as exc:
+        raise _refused(code, exc, step_id) from exc
+
+
 def start(plan: Plan, payload: dict[str, Any] | None, facts: RunFacts) -> DriveResult:
     """Run a new instance from its first step with the start payload as state."""
-    state = plan.state_from_json(payload or {})
+    state = state_of(plan, payload or {}, "PAYLOAD_INVALID", plan.start)
     return _run(plan, state, plan.start, facts, [])
 
 
@@ -101,12 +126,16 @@ def apply_signal(
         return DriveResult(
             applied=False, status="WAITING", current_step=current_step, state=state_json
         )
-    state = plan.state_from_json(state_json)
+    state = state_of(plan, state_json, "STATE_INVALID", step.id)
     before = plan.state_to_json(state)
     ctx = _context(facts, step.id, signal_name=name, signal_payload=payload)
     try:
         state = plan.apply_signal(step, state, name, payload, ctx)
     except Exception as exc:
+        if isinstance(exc, WorkflowValidationError) and step.apply is None:
+            # the default merge refused the payload; a wait's own apply is
+            # workflow code, retried like any other
+            raise _refused("PAYLOAD_INVALID", exc, step.id) from exc
         mark_step(exc, step.id)
         raise
     after = plan.state_to_json(state)
@@ -126,7 +155,10 @@ def resume(
 ) -> DriveResult:
     """Drive on from ``step_id`` with the stored state (a retry re-driving a failed instance)."""
     current_step_of(plan, step_id)  # a step the code lost fails as STEP_NOT_IN_PLAN
-    return _run(plan, plan.state_from_json(state_json), step_id, facts, [])
+    state = state_of(plan, state_json, "STATE_INVALID", step_id)
+    result = _run(plan, state, step_id, facts, [])
+    check_state_size(result, facts.max_state_bytes)
+    return result
 
 
 STEP_NOT_IN_PLAN = "STEP_NOT_IN_PLAN"
@@ -156,6 +188,31 @@ def current_step_of(plan: Plan, step_id: str) -> Step:
     return step
 
 
+def check_state_size(result: DriveResult, limit: int | None) -> None:
+    """Refuse to leave a state larger than ``limit`` bytes of JSON (``STATE_TOO_LARGE``).
+
+    Measured once per drive, on the state the segment would store; only when
+    it is too large are the steps measured, to name the first one whose state
+    went over the limit (a retry would grow it the same way).
+    """
+    if limit is None or not result.applied or result.state is None:
+        return
+    size = json_size(result.state)
+    if size <= limit:
+        return
+    step = next(
+        (d.step_id for d in result.decisions if json_size(d.after) > limit),
+        result.current_step or "",
+    )
+    exc = NonRetryable(
+        "STATE_TOO_LARGE",
+        f"the state would be {size} bytes of JSON, over MAX_PAYLOAD_BYTES ({limit})",
+    )
+    if step:
+        mark_step(exc, step)
+    raise exc
+
+
 def drive(
     plan: Plan,
     *,
@@ -168,13 +225,16 @@ def drive(
 ) -> DriveResult:
     """Entry point used by the segment: START or SIGNAL."""
     if kind == "START":
-        return start(plan, payload, facts)
-    if kind == "SIGNAL":
+        result = start(plan, payload, facts)
+    elif kind == "SIGNAL":
         assert signal_name is not None
-        return apply_signal(plan, state_json, current_step, signal_name, payload, facts)
-    raise WorkflowDefinitionError(
-        f"command kind {kind!r} is not supported by this release", definition_id=plan.id
-    )
+        result = apply_signal(plan, state_json, current_step, signal_name, payload, facts)
+    else:
+        raise WorkflowDefinitionError(
+            f"command kind {kind!r} is not supported by this release", definition_id=plan.id
+        )
+    check_state_size(result, facts.max_state_bytes)
+    return result
 
 
 STEP_ATTRIBUTE = "_vertique_step"
@@ -266,8 +326,10 @@ __all__ = [
     "DriveResult",
     "RunFacts",
     "apply_signal",
+    "check_state_size",
     "current_step_of",
     "drive",
     "resume",
     "start",
+    "state_of",
 ]

@@ -29,7 +29,7 @@ from typing import Any
 from .. import context, failures
 from ..definitions import Plan
 from ..engine.decision_log import HistoryEntry
-from ..engine.drive import DriveResult, RunFacts, resume, start
+from ..engine.drive import DriveResult, RunFacts, check_state_size, resume, start
 from ..exceptions import NonRetryable, WorkflowConflict
 from ..store import commands, history
 from ..store import definitions as registry
@@ -79,6 +79,7 @@ def run(
             payload = start_row[3] if start_row else {}
             with context.bound(command.context):
                 result = start(plan, payload, facts)
+            check_state_size(result, facts.max_state_bytes)
             fresh_start = True
         elif entry.get("commandId") is not None and resume_status is not None:
             failed_command = int(entry["commandId"])

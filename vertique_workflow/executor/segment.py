@@ -332,6 +332,7 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> tuple[str, str 
         command_id=command.id,
         command_kind=command.kind,
         actor=command.actor,
+        max_state_bytes=workflow_settings.MAX_PAYLOAD_BYTES,
     )
     if command.kind == "RETRY":
         return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None
