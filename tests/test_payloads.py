@@ -193,7 +193,11 @@ def test_the_default_limit_is_one_mebibyte():
 
 # -- hostile input: never a database error ------------------------------------------------
 
-clean_text = st.text(alphabet=st.characters(exclude_characters="\x00"), max_size=12)
+# surrogates excluded explicitly: some Hypothesis versions drop their default
+# exclusion of category Cs once any other exclusion is given
+clean_text = st.text(
+    alphabet=st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), max_size=12
+)
 clean_json = st.recursive(
     st.none()
     | st.booleans()

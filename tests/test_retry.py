@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 
 import vertique_workflow as wf
 from tests.conftest import table_counts
-from tests.executor_process import ExecutorProcess
+from tests.executor_process import ExecutorProcess, wait_until
 from tests.flows.models import Shipment
 from tests.flows.workflows import Billing, Gate
 from vertique_workflow.models import WorkflowCommand, WorkflowCommandQueue, WorkflowHistory
@@ -268,9 +268,15 @@ def test_a_dead_lettered_signal_fixed_by_a_deploy_through_executor_processes():
     ref = wf.start("billing", {}, idempotency_key="k1")
     wf.signal(ref.id, "charge", None, dedup_key="c1")
     down = {"VERTIQUE_TEST_BILLING_DOWN": "1"}
-    with ExecutorProcess("--until-idle", settings=fast, env=down) as before_deploy:
-        assert before_deploy.wait(120) == 0, before_deploy.log
-    assert wf.get(ref.id).dead_commands == 1
+    # not --until-idle: between attempts the signal backs off and the probe is idle
+    with ExecutorProcess(settings=fast, env=down) as before_deploy:
+        wait_until(
+            lambda: wf.get(ref.id).dead_commands == 1,
+            timeout=300,
+            what="the signal to be dead-lettered",
+            process=before_deploy,
+        )
+        assert before_deploy.stop() == 0, before_deploy.log
     wf.retry(ref.id, reason="gateway fixed")
     with ExecutorProcess("--until-idle", "-v", "2", settings=fast) as after_deploy:
         assert after_deploy.wait(120) == 0, after_deploy.log
