@@ -1,7 +1,9 @@
 """The execution probe: is there work in flight or claimable now, and what is stuck?
 
-Plain reads of the command log with the database clock; it takes no lock and
-opens no transaction on a caller's connection beyond the reads themselves.
+Plain reads of the command log with the database clock: they run on a
+connection of their own in autocommit, so they open no transaction on the
+caller's connection, take no lock and see committed state only (a start
+recorded in the caller's still-open transaction is not seen).
 """
 
 from __future__ import annotations
