@@ -37,12 +37,21 @@ class ProbeReport:
     stuck: list[dict[str, Any]]
 
 
-def is_idle(instance_id: Any = None) -> bool:
-    """True when no command (of the instance, or at all) is in flight or claimable now."""
-    return reads.idle(instance_id)[0]
+def is_idle(instance_id: Any = None, *, on_caller_connection: bool = False) -> bool:
+    """True when no command (of the instance, or at all) is in flight or claimable now.
+
+    ``on_caller_connection=True`` reads on the caller's connection and inside
+    its open transaction instead (for tests wrapped in one transaction, which
+    must see their own uncommitted rows; see docs/testing.md).
+    """
+    return reads.idle(instance_id, on_caller_connection=on_caller_connection)[0]
 
 
-def report(instance_id: Any = None) -> ProbeReport:
-    idle, now = reads.idle(instance_id)
-    lists = reads.lists(instance_id, workflow_settings.STUCK_AFTER_SECONDS)
+def report(instance_id: Any = None, *, on_caller_connection: bool = False) -> ProbeReport:
+    idle, now = reads.idle(instance_id, on_caller_connection=on_caller_connection)
+    lists = reads.lists(
+        instance_id,
+        workflow_settings.STUCK_AFTER_SECONDS,
+        on_caller_connection=on_caller_connection,
+    )
     return ProbeReport(idle=idle, now=now, **lists)

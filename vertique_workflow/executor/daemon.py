@@ -134,6 +134,7 @@ class Executor:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._waiting = [False] * options.concurrency
+        self._asleep = [False] * options.concurrency  # inside wake.wait()
         self._pending: list[str | int | None] = [None] * options.concurrency
         self._next_wake = 0
         self._observers: list[ExecutorObserver] = list(options.observers)
@@ -177,7 +178,14 @@ class Executor:
     def _mark_waiting(self, index: int) -> None:
         with self._lock:
             self._waiting[index] = True
+
+    def _sleep(self, index: int, timeout: float) -> None:
+        with self._lock:
+            self._asleep[index] = True
             self._changed.notify_all()
+        self._wakes[index].wait(timeout)
+        with self._lock:
+            self._asleep[index] = False
 
     def _take_wake(self, index: int) -> str | int | None:
         """What woke the worker (None: its wait timed out); it is no longer waiting."""
@@ -189,10 +197,10 @@ class Executor:
             return pending
 
     def wait_for_waiting_workers(self, timeout: float) -> bool:
-        """Wait until every worker waits with no wake pending (for tests and embedders)."""
+        """Wait until every worker sleeps with no wake pending (for tests and embedders)."""
 
         def settled() -> bool:
-            return all(self._waiting) and not any(e.is_set() for e in self._wakes)
+            return all(self._asleep) and not any(e.is_set() for e in self._wakes)
 
         with self._changed:
             return self._changed.wait_for(settled, timeout)
@@ -211,7 +219,6 @@ class Executor:
         behind a head in flight or held back, and the worker waits for the next
         future availability instead of spinning.
         """
-        wake = self._wakes[index]
         alias = self.options.database
         peek = True
         hint: int | None = None
@@ -253,7 +260,7 @@ class Executor:
                 until = deadline
                 if delays.next_future is not None:
                     until = min(until, time.monotonic() + delays.next_future / 1000.0)
-                wake.wait(max(0.0, until - time.monotonic()))
+                self._sleep(index, max(0.0, until - time.monotonic()))
                 woken = self._take_wake(index)
                 if isinstance(woken, int):
                     peek, hint = False, woken  # a future time: re-read the delays first

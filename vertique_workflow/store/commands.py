@@ -345,6 +345,7 @@ FROM {T["commands"]} WHERE workflow_id = %s AND state IN ('PARKED', 'DEAD')
 # to the earliest PENDING/DEFERRED availability (0 when one is already
 # available, NULL when nothing is pending), to the earliest one still in the
 # future, and to a notification's epoch-millisecond hint (0 once it is due).
+# NULLs stay NULL (GREATEST would turn them into 0): the clamp is in Python.
 AVAILABILITY_DELAYS_MS = f"""
 WITH clock AS MATERIALIZED (SELECT now() AS t),
 pending AS (
@@ -352,9 +353,9 @@ pending AS (
          min(c.available_at) FILTER (WHERE c.available_at > (SELECT t FROM clock)) AS future
   FROM {T["commands"]} c WHERE c.state IN ('PENDING', 'DEFERRED')
 )
-SELECT greatest(0, ceil(extract(epoch FROM (p.earliest - k.t)) * 1000))::bigint,
+SELECT ceil(extract(epoch FROM (p.earliest - k.t)) * 1000)::bigint,
        ceil(extract(epoch FROM (p.future - k.t)) * 1000)::bigint,
-       greatest(0, %(hint)s::bigint - floor(extract(epoch FROM k.t) * 1000))::bigint
+       (%(hint)s::bigint - floor(extract(epoch FROM k.t) * 1000))::bigint
 FROM clock k, pending p
 """
 
