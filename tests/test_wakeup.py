@@ -298,3 +298,15 @@ def test_the_probe_judges_time_with_the_database_clock_not_the_callers_snapshot(
             frozen = cursor.fetchone()[0]
         # the caller's now() stands at its transaction's start; the probe's does not
         assert probe.report().now > frozen
+
+
+@pytest.mark.django_db(transaction=False)
+def test_in_a_one_transaction_test_the_helper_reads_on_the_tests_connection():
+    from vertique_workflow.testing import run_until_idle
+
+    ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
+    assert probe.is_idle()  # nothing of this test is committed
+    assert not probe.is_idle(on_caller_connection=True)
+    assert run_until_idle().outcomes == ["COMPLETED"]
+    assert wf.get(ref.id).status == "WAITING"
+    assert probe.report(on_caller_connection=True).idle

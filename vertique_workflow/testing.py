@@ -2,7 +2,10 @@
 
 ``run_until_idle()`` is the test harness DBOS and Temporal users expect: start
 or signal a workflow in a test, call it, and assert on the result. It runs
-commands on the calling thread, on the test's own connection.
+commands on the calling thread, on the test's own connection, and its final
+idle check reads there too (the probe's ``on_caller_connection`` path), so a
+test wrapped in one transaction sees its own uncommitted rows; the public
+probe otherwise reads committed state on a connection of its own.
 
 Prefer transactional tests (``@pytest.mark.django_db(transaction=True)``,
 ``TransactionTestCase``). In a test wrapped in one transaction (plain
