@@ -310,3 +310,10 @@ def test_in_a_one_transaction_test_the_helper_reads_on_the_tests_connection():
     assert run_until_idle().outcomes == ["COMPLETED"]
     assert wf.get(ref.id).status == "WAITING"
     assert probe.report(on_caller_connection=True).idle
+
+
+def test_digits_too_long_for_a_time_are_read_as_peek_now(running):
+    running.notify("9" * 19)
+    _, woken, _, _ = running.next_event("peek")
+    events = running.settle()
+    assert [(e[1], e[2]) for e in events if e[0] == "read"] == [(woken, None)]

@@ -160,10 +160,11 @@ class Executor:
         worker is waiting, nobody is woken: every worker is then running a
         segment or about to peek and read the delays, and the command was
         committed before its notification arrived, so that peek or read sees
-        it. A digits-only payload is handed over as the available time; any
-        other payload as PEEK.
+        it. A digits-only payload (at most 18 digits, so it fits a bigint) is
+        handed over as the available time; any other payload as PEEK.
         """
-        hint: str | int = int(payload) if payload.isdigit() and payload.isascii() else PEEK
+        digits = payload.isascii() and payload.isdigit() and len(payload) <= 18  # fits bigint
+        hint: str | int = int(payload) if digits else PEEK
         with self._lock:
             count = len(self._wakes)
             for step in range(count):
