@@ -1,7 +1,9 @@
 """The execution probe: is there work in flight or claimable now, and what is stuck?
 
-Plain reads of the command log with the database clock; it takes no lock and
-opens no transaction on a caller's connection beyond the reads themselves.
+Plain reads of the command log with the database clock: they run on a
+connection of their own in autocommit, so they open no transaction on the
+caller's connection, take no lock and see committed state only (a start
+recorded in the caller's still-open transaction is not seen).
 """
 
 from __future__ import annotations
@@ -35,12 +37,21 @@ class ProbeReport:
     stuck: list[dict[str, Any]]
 
 
-def is_idle(instance_id: Any = None) -> bool:
-    """True when no command (of the instance, or at all) is in flight or claimable now."""
-    return reads.idle(instance_id)[0]
+def is_idle(instance_id: Any = None, *, on_caller_connection: bool = False) -> bool:
+    """True when no command (of the instance, or at all) is in flight or claimable now.
+
+    ``on_caller_connection=True`` reads on the caller's connection and inside
+    its open transaction instead (for tests wrapped in one transaction, which
+    must see their own uncommitted rows; see docs/testing.md).
+    """
+    return reads.idle(instance_id, on_caller_connection=on_caller_connection)[0]
 
 
-def report(instance_id: Any = None) -> ProbeReport:
-    idle, now = reads.idle(instance_id)
-    lists = reads.lists(instance_id, workflow_settings.STUCK_AFTER_SECONDS)
+def report(instance_id: Any = None, *, on_caller_connection: bool = False) -> ProbeReport:
+    idle, now = reads.idle(instance_id, on_caller_connection=on_caller_connection)
+    lists = reads.lists(
+        instance_id,
+        workflow_settings.STUCK_AFTER_SECONDS,
+        on_caller_connection=on_caller_connection,
+    )
     return ProbeReport(idle=idle, now=now, **lists)

@@ -2,7 +2,10 @@
 
 ``run_until_idle()`` is the test harness DBOS and Temporal users expect: start
 or signal a workflow in a test, call it, and assert on the result. It runs
-commands on the calling thread, on the test's own connection.
+commands on the calling thread, on the test's own connection, and its final
+idle check reads there too (the probe's ``on_caller_connection`` path), so a
+test wrapped in one transaction sees its own uncommitted rows; the public
+probe otherwise reads committed state on a connection of its own.
 
 Prefer transactional tests (``@pytest.mark.django_db(transaction=True)``,
 ``TransactionTestCase``). In a test wrapped in one transaction (plain
@@ -74,12 +77,16 @@ def run_until_idle(
             report.outcomes.extend(r for r in results if r != "BUSY")
             if any(r != "BUSY" for r in results):
                 continue
-        delay = command_log.earliest_availability_delay_ms() if wait_for_retries else None
+        # the future delay, not the earliest: a command behind a head that backs
+        # off is available (earliest 0) yet not claimable until the head's retry
+        delays = command_log.availability_delays() if wait_for_retries else None
+        delay = delays.next_future if delays is not None else None
         if delay is not None and delay <= horizon_ms:
             time.sleep(delay / 1000.0 + 0.001)  # a retry backing off, per the database clock
             continue
         # asked after the delay: a command that became available meanwhile is not idle
-        idle, _ = reads.idle()
+        # on the test's own connection: a plain django_db test's rows are uncommitted
+        idle, _ = reads.idle(on_caller_connection=True)
         if idle:
             return report
         time.sleep(0.01)  # another worker's claim is in flight; its lease bounds this

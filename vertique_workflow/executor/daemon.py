@@ -6,7 +6,11 @@ loops peek → claim → segment. Workers claim different instances in parallel;
 the head-of-queue rule keeps each instance's commands in sequence. When
 nothing is claimable a worker sleeps until the earliest future availability
 (read from the database clock), capped by the poll interval, or until the
-listener wakes it.
+listener wakes it. Each notification wakes one waiting worker: a digits-only
+payload (the command's available time in epoch ms) is compared with the
+database clock in that worker's delay read, and the worker peeks only once it
+is due, otherwise it re-schedules its wait from the delay read; any other
+payload makes it peek at once. See docs/executor.md, "Wake-up".
 
 Shutdown: the first SIGTERM/SIGINT stops claiming, lets running segments
 finish within SHUTDOWN_GRACE_SECONDS, releases claims that did not start,
@@ -26,12 +30,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, connections
 
-from ..store import commands, wakeup
+from ..store import commands, db, wakeup
 from ..store import probe as probe_reads
 from . import segment
 from .listener import CommandListener
+from .observers import (
+    QUEUE_SAMPLE_SECONDS,
+    ExecutorObserver,
+    ExecutorSnapshot,
+    QueueSnapshot,
+    StatsLogObserver,
+)
 
 logger = logging.getLogger("vertique_workflow.executor")
 
@@ -72,6 +84,14 @@ class ExecutorOptions:
     grace_seconds: float = 30.0
     node_id: str = field(default_factory=segment.default_node_id)
     log_commands: bool = False  # -v 2: one line per command
+    # called every QUEUE_SAMPLE_SECONDS (see executor/observers.py); the counters
+    # log line is added as one more observer when stats_interval > 0
+    observers: list[ExecutorObserver] = field(default_factory=list)
+
+
+# what a worker was woken for: PEEK (look for claimable work now), or the
+# epoch-millisecond available time a notification carried
+PEEK = "PEEK"
 
 
 class Stats:
@@ -111,27 +131,113 @@ class Executor:
         self._threads: list[threading.Thread | None] = [None] * options.concurrency
         self._signals = 0
         self.listener: CommandListener | None = None
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._waiting = [False] * options.concurrency
+        self._asleep = [False] * options.concurrency  # inside wake.wait()
+        self._pending: list[str | int | None] = [None] * options.concurrency
+        self._next_wake = 0
+        self._observers: list[ExecutorObserver] = list(options.observers)
+        if options.stats_interval > 0:
+            self._observers.append(StatsLogObserver(options.stats_interval))
+        self._sample_connection: Any = None
 
     # -- wake-up -------------------------------------------------------------------
 
     def wake_all(self) -> None:
-        for event in self._wakes:
-            event.set()
+        """Every worker peeks now (shutdown, and after the listener (re)connects)."""
+        with self._lock:
+            for index, event in enumerate(self._wakes):
+                self._pending[index] = PEEK
+                self._waiting[index] = False
+                event.set()
+
+    def on_notification(self, payload: str) -> None:
+        """One notification wakes one waiting worker (round robin).
+
+        A notification stands for one command, which one worker can claim, so
+        waking every worker only makes the others peek for nothing. When no
+        worker is waiting, nobody is woken: every worker is then running a
+        segment or about to peek and read the delays, and the command was
+        committed before its notification arrived, so that peek or read sees
+        it. A digits-only payload (at most 18 digits, so it fits a bigint) is
+        handed over as the available time; any other payload as PEEK.
+        """
+        digits = payload.isascii() and payload.isdigit() and len(payload) <= 18  # fits bigint
+        hint: str | int = int(payload) if digits else PEEK
+        with self._lock:
+            count = len(self._wakes)
+            for step in range(count):
+                index = (self._next_wake + step) % count
+                if self._waiting[index]:
+                    self._next_wake = index + 1
+                    self._waiting[index] = False
+                    self._pending[index] = _merge(self._pending[index], hint)
+                    self._wakes[index].set()
+                    return
+
+    def _mark_waiting(self, index: int) -> None:
+        with self._lock:
+            self._waiting[index] = True
+
+    def _sleep(self, index: int, timeout: float) -> None:
+        with self._lock:
+            self._asleep[index] = True
+            self._changed.notify_all()
+        self._wakes[index].wait(timeout)
+        with self._lock:
+            self._asleep[index] = False
+
+    def _take_wake(self, index: int) -> str | int | None:
+        """What woke the worker (None: its wait timed out); it is no longer waiting."""
+        with self._lock:
+            pending = self._pending[index]
+            self._pending[index] = None
+            self._waiting[index] = False
+            self._wakes[index].clear()
+            return pending
+
+    def wait_for_waiting_workers(self, timeout: float) -> bool:
+        """Wait until every worker sleeps with no wake pending (for tests and embedders)."""
+
+        def settled() -> bool:
+            return all(self._asleep) and not any(e.is_set() for e in self._wakes)
+
+        with self._changed:
+            return self._changed.wait_for(settled, timeout)
 
     # -- workers ---------------------------------------------------------------------
 
     def _worker(self, index: int) -> None:
-        wake = self._wakes[index]
+        """Peek, then wait for the delay read's schedule, the poll interval or a wake-up.
+
+        ``deadline`` (monotonic) is the poll timeout, restarted by every peek
+        that found nothing; a wake-up for a future available time keeps it and
+        waits until min(deadline, the delay read's next availability). When the
+        delay read says something is available (0) right after a peek found
+        nothing, the worker peeks once more (a timer may have come due between
+        the two statements); if that finds nothing either, what is available is
+        behind a head in flight or held back, and the worker waits for the next
+        future availability instead of spinning.
+        """
         alias = self.options.database
+        peek = True
+        hint: int | None = None
+        repeeked = False
+        deadline = 0.0
         try:
             while not self.stopping.is_set():
                 if self._budget_spent():
                     return
                 try:
-                    ran = self._work_once(index)
-                    if ran:
-                        continue
-                    delay_ms = commands.earliest_availability_delay_ms()
+                    if peek:
+                        if self._work_once(index):
+                            repeeked = False
+                            continue
+                        deadline = time.monotonic() + self.options.poll_interval
+                    # from here a notification may pick this worker; its wake is kept
+                    self._mark_waiting(index)
+                    delays = commands.availability_delays(hint)
                 except DatabaseError as exc:
                     logger.warning(
                         "worker %s: database error %s; retrying after the poll interval",
@@ -139,13 +245,28 @@ class Executor:
                         type(exc).__name__,
                     )
                     connections[alias].close()
+                    self._take_wake(index)
                     self.stopping.wait(self.options.poll_interval)
+                    peek, hint = True, None
                     continue
-                timeout = self.options.poll_interval
-                if delay_ms is not None:
-                    timeout = min(timeout, delay_ms / 1000.0)
-                wake.wait(timeout)
-                wake.clear()
+                if hint is not None and delays.hint == 0:
+                    self._take_wake(index)
+                    peek, hint, repeeked = True, None, False  # the hinted command is due
+                    continue
+                hint = None
+                if delays.earliest == 0 and not repeeked:
+                    self._take_wake(index)
+                    peek, repeeked = True, True
+                    continue
+                until = deadline
+                if delays.next_future is not None:
+                    until = min(until, time.monotonic() + delays.next_future / 1000.0)
+                self._sleep(index, max(0.0, until - time.monotonic()))
+                woken = self._take_wake(index)
+                if isinstance(woken, int):
+                    peek, hint = False, woken  # a future time: re-read the delays first
+                else:
+                    peek, repeeked = True, False
         finally:
             connections[alias].close()
 
@@ -239,21 +360,25 @@ class Executor:
         options = self.options
         self._wakes = [threading.Event() for _ in range(options.concurrency)]
         settings_dict = connections[options.database].settings_dict
-        self.listener = CommandListener(settings_dict, self.wake_all, options.poll_interval)
+        self.listener = CommandListener(
+            settings_dict, self.wake_all, options.poll_interval, on_notify=self.on_notification
+        )
         self.listener.start()
         for index in range(options.concurrency):
             self._start_worker(index)
         if on_started is not None:
             on_started()
-        last_stats = time.monotonic()
+        last_sample: float | None = None
         try:
             while not self.stopping.is_set():
+                now = time.monotonic()
+                if self._observers and (
+                    last_sample is None or now - last_sample >= QUEUE_SAMPLE_SECONDS
+                ):
+                    self.report_to_observers()
+                    last_sample = now
                 self.stopping.wait(min(options.poll_interval, 0.5))
                 self._restart_dead_workers()
-                now = time.monotonic()
-                if now - last_stats >= options.stats_interval:
-                    self.log_stats()
-                    last_stats = now
                 if self._budget_spent() and not any(self._busy):
                     logger.info(
                         "handled %s commands (--max-commands); stopping", self.stats.handled
@@ -266,7 +391,9 @@ class Executor:
             self.stopping.set()
             self.wake_all()
             finished = self._join(options.grace_seconds)
-            self.log_stats()
+            if self._observers:
+                self.report_to_observers(final=True)
+            self._close_sample_connection()
             self.listener.stop()
             connections[options.database].close()
         if not finished:
@@ -301,22 +428,60 @@ class Executor:
                 thread.join(max(0.0, deadline - time.monotonic()))
         return not any(t is not None and t.is_alive() for t in self._threads)
 
-    def log_stats(self) -> None:
-        counts = self.stats.snapshot()
+    # -- observers -------------------------------------------------------------------
+
+    def add_observer(self, observer: ExecutorObserver) -> None:
+        """Register an observer (before :meth:`run`, or from the supervisor thread)."""
+        self._observers.append(observer)
+
+    def sample_queue(self) -> QueueSnapshot:
+        """Read the queue usage and lag on the executor's own autocommit connection."""
         try:
-            lag = wakeup.lag_seconds()
-            usage = wakeup.queue_usage()
-        except DatabaseError:
-            connections[self.options.database].close()
-            lag, usage = float("nan"), float("nan")
-        listening = "listening" if self.listener and self.listener.listening.is_set() else "polling"
-        logger.info(
-            "%s; lag %.3f s; notify queue %.4f; %s",
-            " ".join(f"{name}={value}" for name, value in counts.items()),
-            lag,
-            usage,
-            listening,
+            if self._sample_connection is None or self._sample_connection.closed:
+                settings_dict = connections[self.options.database].settings_dict
+                self._sample_connection = psycopg.connect(
+                    autocommit=True,
+                    connect_timeout=5,
+                    application_name=SAMPLER_APPLICATION_NAME,
+                    **db.connect_kwargs(settings_dict),
+                )
+            usage, lag = wakeup.sample(self._sample_connection)
+            return QueueSnapshot(notification_queue_usage=usage, lag_seconds=lag)
+        except psycopg.Error as exc:
+            logger.warning("queue sample failed (%s)", type(exc).__name__)
+            self._close_sample_connection()
+            return QueueSnapshot(notification_queue_usage=None, lag_seconds=None)
+
+    def _close_sample_connection(self) -> None:
+        if self._sample_connection is not None:
+            self._sample_connection.close()
+            self._sample_connection = None
+
+    def report_to_observers(self, final: bool = False) -> None:
+        snapshot = ExecutorSnapshot(
+            counters=self.stats.snapshot(),
+            queue=self.sample_queue(),
+            listening=bool(self.listener and self.listener.listening.is_set()),
+            final=final,
         )
+        for observer in list(self._observers):
+            try:
+                observer.on_snapshot(snapshot)
+            except Exception:
+                logger.exception("executor observer %s failed", type(observer).__name__)
+
+
+SAMPLER_APPLICATION_NAME = "vertique-workflow-sampler"
+
+
+def _merge(pending: str | int | None, hint: str | int) -> str | int:
+    """Two wakes of one worker: PEEK wins; of two available times, the earlier."""
+    if pending is None:
+        return hint
+    if pending == PEEK or hint == PEEK:
+        return PEEK
+    assert isinstance(pending, int) and isinstance(hint, int)
+    return min(pending, hint)
 
 
 def startup_report(options: ExecutorOptions, plans: list[Any], schema: str | None) -> str:
@@ -332,4 +497,4 @@ def startup_report(options: ExecutorOptions, plans: list[Any], schema: str | Non
     return "\n".join(lines)
 
 
-__all__ = ["Executor", "ExecutorOptions", "Stats", "startup_report"]
+__all__ = ["PEEK", "Executor", "ExecutorOptions", "Stats", "startup_report"]

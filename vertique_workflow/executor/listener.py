@@ -2,7 +2,9 @@
 
 The connection is psycopg's own (outside Django's connection handling and
 any transaction) and issues nothing but LISTEN. A notification is only a
-hint: workers peek the database for what is claimable. A connection that
+hint: its payload goes to ``on_notify`` (the executor reads a digits-only
+payload as the command's available time and anything else as "peek now"),
+and workers peek the database for what is claimable. A connection that
 cannot be opened or is lost degrades the process to polling; the listener
 logs one warning for the outage (the exception class only, never connection
 details) and tries again once per poll interval.
@@ -18,43 +20,25 @@ from typing import Any
 import psycopg
 
 from ..store import wakeup
+from ..store.db import connect_kwargs
 
 logger = logging.getLogger("vertique_workflow.executor")
 
 
-def connect_kwargs(settings_dict: dict[str, Any]) -> dict[str, Any]:
-    """psycopg.connect() arguments from a Django DATABASES entry."""
-    params: dict[str, Any] = {
-        "dbname": settings_dict.get("NAME") or "postgres",
-        "user": settings_dict.get("USER") or None,
-        "password": settings_dict.get("PASSWORD") or None,
-        "host": settings_dict.get("HOST") or None,
-        "port": settings_dict.get("PORT") or None,
-    }
-    options = dict(settings_dict.get("OPTIONS") or {})
-    for key in (
-        "pool",
-        "isolation_level",
-        "server_side_binding",
-        "assume_role",
-        "cursor_factory",
-        "context",
-        "prepare_threshold",
-    ):
-        options.pop(key, None)
-    params.update(options)
-    return {key: value for key, value in params.items() if value is not None}
-
-
 class CommandListener(threading.Thread):
-    """LISTEN thread: calls ``wake()`` for every notification (and once after reconnecting)."""
+    """LISTEN thread: ``on_notify(payload)`` per notification, ``wake()`` after (re)connecting."""
 
     def __init__(
-        self, settings_dict: dict[str, Any], wake: Callable[[], None], poll_interval: float
+        self,
+        settings_dict: dict[str, Any],
+        wake: Callable[[], None],
+        poll_interval: float,
+        on_notify: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(name="vertique-workflow-listener", daemon=True)
         self._kwargs = connect_kwargs(settings_dict)
         self._wake = wake
+        self._on_notify = on_notify or (lambda _payload: wake())
         self._poll_interval = poll_interval
         self._stop = threading.Event()
         self.listening = threading.Event()
@@ -73,15 +57,15 @@ class CommandListener(threading.Thread):
                     autocommit=True, connect_timeout=5, **self._kwargs
                 ) as connection:
                     wakeup.listen(connection)
-                    self.listening.set()
                     if degraded:
                         logger.info("command listener recovered; wake-ups resume")
                         degraded = False
                     self._wake()  # anything recorded while we were away
+                    self.listening.set()  # set after that wake, so a waiter sees it dispatched
                     while not self._stop.is_set():
-                        for _notify in connection.notifies(timeout=1.0):
+                        for notify in connection.notifies(timeout=1.0):
                             self.notifications += 1
-                            self._wake()
+                            self._on_notify(notify.payload)
             except psycopg.Error as exc:
                 self.listening.clear()
                 if self._stop.is_set():

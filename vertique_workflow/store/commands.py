@@ -341,10 +341,40 @@ SELECT count(*) FILTER (WHERE state = 'DEAD'), count(*) FILTER (WHERE state = 'P
 FROM {T["commands"]} WHERE workflow_id = %s AND state IN ('PARKED', 'DEAD')
 """
 
-EARLIEST_AVAILABILITY_DELAY_MS = f"""
-SELECT ceil(extract(epoch FROM (min(available_at) - now())) * 1000)::bigint
-FROM {T["commands"]} WHERE state IN ('PENDING', 'DEFERRED') AND available_at > now()
+# One database clock sample (the CTE's now(), read once) answers three delays:
+# to the earliest PENDING/DEFERRED availability (0 when one is already
+# available, NULL when nothing is pending), to the earliest one still in the
+# future, and to a notification's epoch-millisecond hint (0 once it is due).
+# NULLs stay NULL (GREATEST would turn them into 0): the clamp is in Python.
+AVAILABILITY_DELAYS_MS = f"""
+WITH clock AS MATERIALIZED (SELECT now() AS t),
+pending AS (
+  SELECT min(c.available_at) AS earliest,
+         min(c.available_at) FILTER (WHERE c.available_at > (SELECT t FROM clock)) AS future
+  FROM {T["commands"]} c WHERE c.state IN ('PENDING', 'DEFERRED')
+)
+SELECT ceil(extract(epoch FROM (p.earliest - k.t)) * 1000)::bigint,
+       ceil(extract(epoch FROM (p.future - k.t)) * 1000)::bigint,
+       (%(hint)s::bigint - floor(extract(epoch FROM k.t) * 1000))::bigint
+FROM clock k, pending p
 """
+
+
+@dataclass(frozen=True)
+class AvailabilityDelays:
+    """Delays in milliseconds measured from one database clock sample.
+
+    ``earliest``: to the earliest PENDING or DEFERRED availability, 0 when one
+    is already available, None when nothing is pending. ``next_future``: to the
+    earliest availability still in the future (None when there is none); the
+    executor schedules its wake-up with it when an available command could not
+    be claimed (it is behind a head in flight, or held back). ``hint``: to the
+    epoch-millisecond time a notification carried (0 once due), or None.
+    """
+
+    earliest: int | None
+    next_future: int | None
+    hint: int | None = None
 
 
 error_text = failures.text
@@ -887,7 +917,22 @@ def reject(command_id: int, token: Any, reason: str) -> str | None:
     return _settle(command_id, "REJECTED", reason, token=token)
 
 
+def availability_delays(hint_ms: int | None = None) -> AvailabilityDelays:
+    """The executor's idle read: every delay from one database clock sample."""
+    row = db.fetchone(AVAILABILITY_DELAYS_MS, {"hint": hint_ms})
+    if row is None:
+        return AvailabilityDelays(None, None, None)
+
+    def ms(value: Any) -> int | None:
+        return None if value is None else max(0, int(value))
+
+    return AvailabilityDelays(ms(row[0]), ms(row[1]), ms(row[2]))
+
+
 def earliest_availability_delay_ms() -> int | None:
-    """Milliseconds from the database clock to the earliest future PENDING/DEFERRED command."""
-    row = db.fetchone(EARLIEST_AVAILABILITY_DELAY_MS)
-    return None if row is None or row[0] is None else max(0, int(row[0]))
+    """Milliseconds from the database clock to the earliest PENDING/DEFERRED availability.
+
+    0 when a command is already available, None when nothing is pending (the
+    reference's ``findEarliestAvailabilityDelayMs()``).
+    """
+    return availability_delays().earliest

@@ -64,6 +64,52 @@ def cursor() -> Iterator[Any]:
         yield cur
 
 
+def connect_kwargs(settings_dict: dict[str, Any]) -> dict[str, Any]:
+    """psycopg.connect() arguments from a Django DATABASES entry."""
+    params: dict[str, Any] = {
+        "dbname": settings_dict.get("NAME") or "postgres",
+        "user": settings_dict.get("USER") or None,
+        "password": settings_dict.get("PASSWORD") or None,
+        "host": settings_dict.get("HOST") or None,
+        "port": settings_dict.get("PORT") or None,
+    }
+    options = dict(settings_dict.get("OPTIONS") or {})
+    for key in (
+        "pool",
+        "isolation_level",
+        "server_side_binding",
+        "assume_role",
+        "cursor_factory",
+        "context",
+        "prepare_threshold",
+    ):
+        options.pop(key, None)
+    params.update(options)
+    return {key: value for key, value in params.items() if value is not None}
+
+
+@contextmanager
+def separate_cursor() -> Iterator[Any]:
+    """A cursor on a short-lived autocommit connection of its own, never the caller's.
+
+    For plain reads that must not join a caller's open transaction (nor see
+    its snapshot or its uncommitted rows): each statement is its own
+    transaction and ``now()`` is the database clock at that statement. Errors
+    surface as ``django.db`` errors, as from any cursor.
+    """
+    import psycopg
+
+    wrapper = connection()
+    with (
+        wrapper.wrap_database_errors,
+        psycopg.connect(
+            autocommit=True, connect_timeout=5, **connect_kwargs(wrapper.settings_dict)
+        ) as conn,
+        conn.cursor() as cur,
+    ):
+        yield cur
+
+
 def fetchone(sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
     with cursor() as cur:
         cur.execute(sql, params)

@@ -1,4 +1,11 @@
-"""Reads of the execution probe: plain reads, no locks, the database clock."""
+"""Reads of the execution probe: plain reads, no locks, the database clock.
+
+The reads run on a connection of their own in autocommit (never in the
+caller's open transaction, so they see committed state only and ``now()`` is
+the clock at each statement). ``on_caller_connection=True`` is the test
+helper's path: ``run_until_idle()`` in a plain ``django_db`` test must see the
+test's own uncommitted rows, so it reads on the caller's connection instead.
+"""
 
 from __future__ import annotations
 
@@ -42,12 +49,33 @@ QUERIES = {
 }
 
 
-def idle(workflow_id: Any = None) -> tuple[bool, Any]:
-    row = db.fetchone(IDLE, {"wf": workflow_id})
+def _fetch(sql: str, params: Any, on_caller_connection: bool, dicts: bool) -> Any:
+    context = db.cursor() if on_caller_connection else db.separate_cursor()
+    with context as cur:
+        cur.execute(sql, params)
+        if not dicts:
+            return cur.fetchone()
+        names = [col.name for col in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def idle(workflow_id: Any = None, *, on_caller_connection: bool = False) -> tuple[bool, Any]:
+    row = _fetch(IDLE, {"wf": workflow_id}, on_caller_connection, dicts=False)
     assert row is not None
     return bool(row[0]), row[1]
 
 
-def lists(workflow_id: Any, stuck_after_seconds: float) -> dict[str, list[dict[str, Any]]]:
+def lists(
+    workflow_id: Any, stuck_after_seconds: float, *, on_caller_connection: bool = False
+) -> dict[str, list[dict[str, Any]]]:
     params = {"wf": workflow_id, "stuck": stuck_after_seconds}
-    return {name: db.fetchdicts(sql, params) for name, sql in QUERIES.items()}
+    if on_caller_connection:
+        return {name: _fetch(sql, params, True, dicts=True) for name, sql in QUERIES.items()}
+    # one connection for the six lists (each list is still its own statement)
+    with db.separate_cursor() as cur:
+        result = {}
+        for name, sql in QUERIES.items():
+            cur.execute(sql, params)
+            names = [col.name for col in cur.description]
+            result[name] = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        return result

@@ -11,24 +11,19 @@ T = db.T
 
 LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
 
-QUEUE_USAGE = "SELECT pg_notification_queue_usage()"
-
-# Lag: how long the oldest claimable command has been available.
-LAG_SECONDS = f"""
-SELECT COALESCE(extract(epoch FROM now() - min(c.available_at)), 0)
+# The observers' sample: read on the executor's own autocommit connection.
+SAMPLE = f"""
+SELECT pg_notification_queue_usage(),
+       COALESCE(extract(epoch FROM now() - min(c.available_at)), 0)::float8
 FROM {T["commands"]} c
 WHERE c.state IN ('PENDING', 'DEFERRED') AND c.available_at <= now()
 """
 
 
-def queue_usage() -> float:
-    row = db.fetchone(QUEUE_USAGE)
-    return float(row[0]) if row else 0.0
-
-
-def lag_seconds() -> float:
-    row = db.fetchone(LAG_SECONDS)
-    return float(row[0]) if row and row[0] is not None else 0.0
+def sample(connection: Any) -> tuple[float, float]:
+    """(notification queue usage, lag seconds) on a dedicated psycopg connection."""
+    row = connection.execute(SAMPLE).fetchone()
+    return float(row[0]), float(row[1])
 
 
 def listen(connection: Any) -> None:
