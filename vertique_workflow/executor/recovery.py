@@ -95,11 +95,7 @@ def run(
     if result is None:  # only dead letters to re-offer: the instance stays as it is
         result = DriveResult(True, row.status, row.current_step_id, row.state_json)
     else:
-        entries.extend(
-            transition.logged_entries(
-                result, row, baseline_needed=fresh_start or not row.baseline_logged
-            )
-        )
+        entries.extend(transition.logged_entries(result, row, baseline_needed=fresh_start))
     transition.persist(row, command.id, token, result, entries=entries, common=common)
     offered = commands.reoffer(row.id, failed_command)
     if offered:

@@ -351,7 +351,12 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> tuple[str, str 
 
 
 def _common(loaded: segment_store.Loaded, node_id: str) -> dict[str, Any]:
-    """The columns every history entry of this segment carries."""
+    """The columns every history entry of this segment carries.
+
+    No actor columns: each entry is attributed, in the statement that inserts
+    it, to the command it names, and ``fallback_actor`` (the segment
+    command's actor) attributes any other (``store/history.py``).
+    """
     command, row = loaded.command, loaded.instance
     return {
         "command_id": command.id,
@@ -360,7 +365,7 @@ def _common(loaded: segment_store.Loaded, node_id: str) -> dict[str, Any]:
         "definition_id": row.definition_id,
         "definition_version": row.definition_version,
         "plan_hash": row.plan_hash,
-        **command.actor.history_columns(),
+        "fallback_actor": command.actor.history_columns(),
     }
 
 
@@ -432,8 +437,9 @@ def _entries(
         )
         baseline = True
     else:
-        # an instance converted by 0003 logs one baseline at its first segment
-        baseline = not row.baseline_logged
+        # an instance converted by 0003 logs one baseline at its first
+        # segment: transition.logged_entries adds it from the stored state
+        baseline = False
         entries.append(HistoryEntry("SIGNAL_APPLIED", {"signal": str(signal_name)[:255]}))
     entries.extend(transition.logged_entries(result, row, baseline_needed=baseline))
     return entries

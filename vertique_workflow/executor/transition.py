@@ -16,7 +16,7 @@ from ..conf import workflow_settings
 from ..engine import decision_log
 from ..engine.decision_log import HistoryEntry, ending_entries
 from ..engine.drive import DriveResult
-from ..store import commands
+from ..store import commands, history
 from ..store import segment as segment_store
 from ..store.instances import InstanceRow
 
@@ -30,7 +30,25 @@ class OptimisticConflict(DatabaseError):
 def logged_entries(
     result: DriveResult, row: InstanceRow, *, baseline_needed: bool
 ) -> list[HistoryEntry]:
-    """The decision log of a drive (redacted, patches or baselines) and its ending entry."""
+    """The decision log of a drive (redacted, patches or baselines) and its ending entry.
+
+    ``baseline_needed``: the drive started the state (a START, a fresh start
+    of a retry), so its first decision's state is the baseline. An instance
+    from before 0003 (``baseline_logged`` FALSE) that is not started afresh
+    logs its stored state as the baseline first, at its current version;
+    :func:`persist` consumes the mark with it. State versions continue from
+    the instance's ``version`` (docs/execution.md, "State versions").
+    """
+    entries: list[HistoryEntry] = []
+    if not baseline_needed and not row.baseline_logged and row.state_json is not None:
+        entries.append(
+            decision_log.baseline(
+                row.state_json,
+                row.version,
+                row.current_step_id,
+                frozenset(workflow_settings.REDACTED_FIELDS),
+            )
+        )
     logged, _ = decision_log.decision_entries(
         result.decisions,
         state_version=row.version,
@@ -38,7 +56,7 @@ def logged_entries(
         redacted_fields=workflow_settings.REDACTED_FIELDS,
         max_patch_bytes=workflow_settings.HISTORY_PATCH_MAX_BYTES,
     )
-    return [*logged, *ending_entries(result)]
+    return [*entries, *logged, *ending_entries(result)]
 
 
 def persist(
@@ -51,7 +69,16 @@ def persist(
     common: dict[str, Any],
     subject: Any = None,
 ) -> None:
-    """The instance, the entries and the command's completion in one statement."""
+    """The instance, the entries and the command's completion in one statement.
+
+    ``common`` may hold ``fallback_actor``: the actor of entries that name no
+    command with one (the segment command's). The instance's new version is
+    the state version the entries reached (one past the version read at
+    least); a STATE_BASELINE among them consumes a pre-0003 instance's mark.
+    """
+    common = dict(common)
+    actor = common.pop("fallback_actor", None) or history.NO_ACTOR
+    reached = [e.state_version_after for e in entries if e.state_version_after is not None]
     if not segment_store.persist(
         instance=row,
         command_id=command_id,
@@ -65,6 +92,10 @@ def persist(
         subject=subject,
         entries=entries,
         common=common,
+        actor=actor,
+        new_version=max([row.version + 1, *reached]),
+        legacy_baseline=not row.baseline_logged
+        and any(e.event_type == "STATE_BASELINE" for e in entries),
     ):
         raise OptimisticConflict()
 

@@ -27,19 +27,65 @@ HISTORY_RECORDSET = (
     "on_behalf_of text, attribution_status text, ord int"
 )
 
-HISTORY_SELECTED = ", ".join(
-    "COALESCE(e.entry_version, 1)" if column == "entry_version" else f"e.{column}"
-    for column in HISTORY_COLUMNS.split(", ")
-)
+ACTOR_COLUMNS = ("actor_kind", "actor_id", "actor_reason", "on_behalf_of", "attribution_status")
+
+
+def _selected(column: str) -> str:
+    """The value an appended entry stores in ``column``.
+
+    Attribution: an entry that carries an actor keeps it (a canceller, a
+    caller of :func:`attribute_history`); any other entry takes the actor of
+    the command it names (its ``command_id``, else its payload's
+    ``commandId``; joined as ``n``), and failing that the fallback actor the
+    writer gives (``fb_*``: the segment command's actor, or NONE/ABSENT).
+    """
+    if column == "entry_version":
+        return "COALESCE(e.entry_version, 1)"
+    if column in ACTOR_COLUMNS:
+        return (
+            f"CASE WHEN e.actor_kind IS NOT NULL THEN e.{column} "
+            f"WHEN n.actor_kind IS NOT NULL THEN n.{column} ELSE e.fb_{column} END"
+        )
+    return f"e.{column}"
+
+
+HISTORY_SELECTED = ", ".join(_selected(column) for column in HISTORY_COLUMNS.split(", "))
+HISTORY_RECORDSET += ", " + ", ".join(f"fb_{column} text" for column in ACTOR_COLUMNS)
+
+
+def named_command_join(workflow_param: str) -> str:
+    """The command an entry names, for its attribution (same instance only)."""
+    return (
+        f"LEFT JOIN {T['commands']} n ON n.workflow_id = {workflow_param} AND n.id = "
+        "COALESCE(e.command_id, (e.payload_json ->> 'commandId')::bigint)"
+    )
+
 
 # One statement appends any number of entries: the caller holds the execution
 # lock, so MAX(sequence) + n is the next dense sequence.
 APPEND = f"""
 INSERT INTO {T["history"]} (workflow_id, sequence, {HISTORY_COLUMNS})
-SELECT %s, base.s + e.ord, {HISTORY_SELECTED}
-FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]} WHERE workflow_id = %s) base,
-     jsonb_to_recordset(%s::jsonb) AS e({HISTORY_RECORDSET})
+SELECT %(wf)s, base.s + e.ord, {HISTORY_SELECTED}
+FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]} WHERE workflow_id = %(wf)s) base
+CROSS JOIN jsonb_to_recordset(%(entries)s::jsonb) AS e({HISTORY_RECORDSET})
+{named_command_join("%(wf)s")}
 """
+
+# An actor for the entries from a sequence on that have none (record-side writers).
+ATTRIBUTE = f"""
+UPDATE {T["history"]}
+SET actor_kind = %(kind)s, actor_id = %(id)s, actor_reason = %(reason)s,
+    on_behalf_of = %(on_behalf_of)s, attribution_status = %(status)s
+WHERE workflow_id = %(wf)s AND sequence >= %(from)s AND actor_kind IS NULL
+"""
+
+NO_ACTOR = {
+    "actor_kind": "NONE",
+    "actor_id": None,
+    "actor_reason": None,
+    "on_behalf_of": None,
+    "attribution_status": "ABSENT",
+}
 
 DECISION_LOG = f"""
 SELECT sequence, event_type, payload_json, patch_json FROM {T["history"]}
@@ -70,8 +116,12 @@ def last_failure(workflow_id: Any) -> tuple[str, Any, int | None] | None:
     return None if row is None else (row[0] or "", row[1], row[2])
 
 
-def entry_row(entry: HistoryEntry, common: dict[str, Any]) -> dict[str, Any]:
+def entry_row(
+    entry: HistoryEntry, common: dict[str, Any], fallback_actor: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One entry's recordset row; ``fallback_actor`` attributes an entry naming no command."""
     row = {
+        **{f"fb_{column}": value for column, value in (fallback_actor or NO_ACTOR).items()},
         "event_type": entry.event_type,
         "payload_json": entry.payload,
         "step_id": entry.step_id,
@@ -86,14 +136,46 @@ def entry_row(entry: HistoryEntry, common: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def append(workflow_id: Any, entries: Sequence[HistoryEntry], **common: Any) -> None:
-    """Append entries in order; ``common`` fills columns such as command_id, executor_id."""
+def append(
+    workflow_id: Any,
+    entries: Sequence[HistoryEntry],
+    *,
+    fallback_actor: dict[str, Any] | None = None,
+    **common: Any,
+) -> None:
+    """Append entries in order; ``common`` fills columns such as command_id, executor_id.
+
+    Actor columns given in ``common`` (or an entry's ``extra``) are stored as
+    given; otherwise an entry is attributed to the command it names (see
+    ``_selected``), then to ``fallback_actor`` (NONE/ABSENT by default).
+    """
     if not entries:
         return
     rows = [
-        dict(entry_row(entry, common), ord=index) for index, entry in enumerate(entries, start=1)
+        dict(entry_row(entry, common, fallback_actor), ord=index)
+        for index, entry in enumerate(entries, start=1)
     ]
-    db.execute(APPEND, (workflow_id, workflow_id, json.dumps(rows, default=str)))
+    db.execute(APPEND, {"wf": workflow_id, "entries": json.dumps(rows, default=str)})
+
+
+def attribute_history(workflow_id: Any, from_sequence: int, actor: dict[str, Any]) -> int:
+    """Set ``actor`` (history columns) on the entries from ``from_sequence`` on that have none.
+
+    Never overwrites an entry that has an actor. Call in the transaction that
+    holds the instance's execution lock, like every history write.
+    """
+    return db.execute(
+        ATTRIBUTE,
+        {
+            "wf": workflow_id,
+            "from": from_sequence,
+            "kind": actor.get("actor_kind", "NONE"),
+            "id": actor.get("actor_id"),
+            "reason": actor.get("actor_reason"),
+            "on_behalf_of": actor.get("on_behalf_of"),
+            "status": actor.get("attribution_status", "ABSENT"),
+        },
+    )
 
 
 def decision_log(workflow_id: Any, up_to_sequence: int) -> list[tuple[str, Any, Any]]:

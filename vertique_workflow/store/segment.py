@@ -21,7 +21,13 @@ from ..engine.decision_log import HistoryEntry
 from . import db
 from .commands import FencedCommand, actor_from_row, execution_lock_sql
 from .eligibility import at_head
-from .history import HISTORY_COLUMNS, HISTORY_RECORDSET, HISTORY_SELECTED, entry_row
+from .history import (
+    HISTORY_COLUMNS,
+    HISTORY_RECORDSET,
+    HISTORY_SELECTED,
+    entry_row,
+    named_command_join,
+)
 from .instances import InstanceRow, row_from_values
 
 T = db.T
@@ -55,18 +61,21 @@ PERSIST = f"""
 WITH inst AS (
     UPDATE {T["instances"]}
     SET status = %(status)s, current_step_id = %(step)s, state_json = %(state)s::jsonb,
-        version = version + 1, error_type = %(error_type)s, error_message = %(error_message)s,
+        version = %(new_version)s, error_type = %(error_type)s,
+        error_message = %(error_message)s,
         subject_json = COALESCE(%(subject)s::jsonb, subject_json), updated_at = now(),
         completed_at = CASE WHEN %(ended)s THEN now() END,
-        baseline_logged = TRUE
+        baseline_logged = baseline_logged OR %(legacy_baseline)s
     WHERE id = %(wf)s AND version = %(version)s
+      AND (NOT %(legacy_baseline)s OR baseline_logged = FALSE)
     RETURNING id
 ), hist AS (
     INSERT INTO {T["history"]} (workflow_id, sequence, {HISTORY_COLUMNS})
     SELECT %(wf)s, base.s + e.ord, {HISTORY_SELECTED}
     FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]}
-          WHERE workflow_id = %(wf)s) base,
-         jsonb_to_recordset(%(entries)s::jsonb) AS e({HISTORY_RECORDSET})
+          WHERE workflow_id = %(wf)s) base
+    CROSS JOIN jsonb_to_recordset(%(entries)s::jsonb) AS e({HISTORY_RECORDSET})
+    {named_command_join("%(wf)s")}
     WHERE EXISTS (SELECT 1 FROM inst)
     RETURNING 1
 ), done AS (
@@ -164,16 +173,30 @@ def persist(
     subject: Any,
     entries: Sequence[HistoryEntry],
     common: dict[str, Any],
+    actor: dict[str, Any],
+    new_version: int,
+    legacy_baseline: bool,
 ) -> bool:
-    """Write the transition; False when the instance or the command changed (a bug)."""
+    """Write the transition; False when the instance or the command changed (a bug).
+
+    ``actor`` attributes the entries that name no command with an actor (the
+    segment command's); ``new_version`` is the state version the decision log
+    reached (at least one past the version read). ``legacy_baseline``: the
+    entries hold the one baseline of an instance from before 0003, consumed
+    by the guard ``baseline_logged = FALSE`` in this same update, so two
+    segments can never both log it.
+    """
     rows = [
-        dict(entry_row(entry, common), ord=index) for index, entry in enumerate(entries, start=1)
+        dict(entry_row(entry, common, actor), ord=index)
+        for index, entry in enumerate(entries, start=1)
     ]
     result = db.fetchone_prepared(
         PERSIST,
         {
             "wf": instance.id,
             "version": instance.version,
+            "new_version": max(new_version, instance.version + 1),
+            "legacy_baseline": legacy_baseline,
             "status": status,
             "step": current_step,
             "state": json.dumps(state),
