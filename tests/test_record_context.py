@@ -16,6 +16,7 @@ from tests.flows.context import TENANT
 from vertique_workflow import pins, registry
 from vertique_workflow.context import register_durable, unregister_durable
 from vertique_workflow.definitions import catalog
+from vertique_workflow.executor.segment import run_next
 from vertique_workflow.models import WorkflowCommand, WorkflowInstance
 from vertique_workflow.store import db
 from vertique_workflow.store import definitions as store_definitions
@@ -244,7 +245,9 @@ def test_the_executor_claim_path_fills_null_schema_columns(fresh_fill):
     ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
     _set_signal_names("order", None)
     pins._reset_filled()
-    run_until_idle()  # the claim resolves the pin's plan: the first resolution here
+    # the claim resolves the pin's plan: this process's first resolution (no sync runs)
+    outcome = run_next("test:fill-node")
+    assert outcome is not None and outcome.kind == "START"
     names, _ = _signal_names("order")
     assert names is not None and "paid" in names
     with pytest.raises(wf.WorkflowValidationError, match="declares no signal 'refund'"):
