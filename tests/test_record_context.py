@@ -153,9 +153,7 @@ def test_without_a_carrier_the_signal_binds_the_captured_context(tenant):
         ["tenant"],
     ],
 )
-def test_a_carrier_with_an_unknown_name_or_bad_value_is_refused_writing_nothing(
-    tenant, carrier
-):
+def test_a_carrier_with_an_unknown_name_or_bad_value_is_refused_writing_nothing(tenant, carrier):
     ref = wf.start("signal-context-flow", {}, idempotency_key="k1")
     run_until_idle()
     before = table_counts()
@@ -270,3 +268,27 @@ def test_the_fill_runs_once_per_plan_and_process(fresh_fill, monkeypatch):
     run_until_idle()
     assert calls == ["order"]
 
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fill_blocked_by_the_callers_own_lock_gives_up_and_runs_at_the_next_resolution(
+    fresh_fill,
+):
+    _record("order")
+    ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
+    _set_signal_names("order", None)
+    pins._reset_filled()
+    plan = catalog.get("order", 1)
+    assert plan is not None
+    with transaction.atomic():
+        with connection.cursor() as cursor:  # the caller's transaction holds the row
+            cursor.execute(
+                f"SELECT 1 FROM {_definitions_table()} WHERE definition_id = %s FOR UPDATE",
+                ["order"],
+            )
+        # the fill cannot take the row: the NULL column admits the name, nothing hangs
+        assert wf.signal(ref.id, "refund", {}, dedup_key="s1").command_id
+    assert ("default", "order", 1, plan.plan_hash) not in pins._filled
+    assert _signal_names("order")[0] is None
+    with pytest.raises(wf.WorkflowValidationError, match="declares no signal 'refund'"):
+        wf.signal(ref.id, "refund", {}, dedup_key="s2")
+    assert _signal_names("order")[0] is not None

@@ -229,6 +229,9 @@ PIN_ROWS_FOR_SHARE = PIN_ROWS + "ORDER BY scope_key, definition_version\nFOR SHA
 
 SET_SESSION_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, false)"
 
+# the on-demand schema fill waits this long at most for the row (fill_signal_schemas)
+FILL_LOCK_TIMEOUT_MS = 100
+
 SIGNAL_NAMES = f"""
 SELECT signal_names_json::text
 FROM {T["definitions"]}
@@ -902,10 +905,12 @@ def fill_signal_schemas(plan: PlanLike) -> int | None:
     ``plan.plan_hash``. It runs as one autocommit statement on a new
     connection, never in the caller's transaction: a caller that rolls back
     does not undo it, and it takes no lock the caller could later wait on.
-    Its lock wait is bounded by ``DEFINITION_LOCK_TIMEOUT_MS`` (a caller
-    holding the row locked would otherwise wait on itself). Returns the rows
-    filled (0 or 1), or None when the statement failed (logged; the next
-    resolution tries again).
+    Its lock wait is short (``FILL_LOCK_TIMEOUT_MS``): the caller's own open
+    transaction may hold the row (a registry change earlier in it), and the
+    caller would then wait on itself; a fill that cannot get the row at once
+    is simply tried again later, and an executing node's sync fills the row
+    too. Returns the rows filled (0 or 1), or None when the statement failed
+    (logged with its SQLSTATE; the next resolution tries again).
     """
     params = [
         _dump(dict(plan.signals)),
@@ -917,7 +922,7 @@ def fill_signal_schemas(plan: PlanLike) -> int | None:
     connection = connections.create_connection(db.alias())
     try:
         with connection.cursor() as cursor:
-            cursor.execute(SET_SESSION_LOCK_TIMEOUT, [_lock_timeout()])
+            cursor.execute(SET_SESSION_LOCK_TIMEOUT, [f"{FILL_LOCK_TIMEOUT_MS}ms"])
             cursor.execute(FILL_SIGNAL_SCHEMAS, params)
             return int(cursor.rowcount)
     except DatabaseError as exc:
