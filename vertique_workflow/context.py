@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from django.utils.module_loading import import_string
 
+from . import payloads
 from .exceptions import WorkflowValidationError
 from .store.commands import Actor as _StoredActor
 
@@ -75,6 +76,44 @@ def capture() -> dict[str, Any] | None:
             captured[name] = value
     captured.pop(IDENTITY_NAMESPACE, None)
     return {"context": captured} if captured else None
+
+
+def explicit_carrier(
+    carrier: Mapping[str, Any] | None, *, max_bytes: int | None
+) -> dict[str, Any] | None:
+    """The stored form ``{"context": {...}}`` of an explicit carrier, or None when absent.
+
+    ``carrier`` has the shape the capture produces inside its wrapper: a
+    mapping of registered durable-context names to JSON values. It is
+    checked before anything is read or written: a name that is not
+    registered, and the identity namespace (identities are never carried
+    to executors), raise ``WorkflowValidationError`` rather than being
+    dropped, so a caller's typo cannot silently bind nothing; values follow
+    the payload JSON rules. An empty mapping is no carrier.
+    """
+    if carrier is None:
+        return None
+    if not isinstance(carrier, Mapping):
+        raise WorkflowValidationError("the carrier must be a mapping of durable-context names")
+    _load_settings()
+    values: dict[str, Any] = {}
+    for name, value in carrier.items():
+        if name == IDENTITY_NAMESPACE:
+            raise WorkflowValidationError(
+                f"the carrier names {IDENTITY_NAMESPACE!r}: identities are never carried "
+                "to executors"
+            )
+        if not isinstance(name, str) or name not in _registry:
+            shown = str(name)[:64]
+            raise WorkflowValidationError(
+                f"the carrier names {shown!r}, which is not a registered durable-context name"
+            )
+        values[name] = value
+    if not values:
+        return None
+    document = {"context": values}
+    payloads.check(document, "the carrier", max_bytes=max_bytes)
+    return document
 
 
 @contextmanager

@@ -173,6 +173,8 @@ def start(
     pin = resolve_start_pin(definition_id, scope, version)
     pin.check_start_payload(payload or {})
     instance_id = uuid.uuid4()
+    # captured once: the instance's metadata and the START command hold the same document
+    captured = context.capture()
     try:
         with _atomic():
             pin.admit()
@@ -195,7 +197,7 @@ def start(
                 plan_hash=pin.plan_hash,
                 business_key=business_key,
                 subject=subject,
-                metadata={},
+                metadata=captured or {},
                 scope_key=scope,
                 definition_scope_key=pin.scope,
             )
@@ -205,7 +207,7 @@ def start(
                 payload=payload or {},
                 dedup_key=idempotency_key,
                 target=subject,
-                context=context.capture(),
+                context=captured,
                 actor=context.stored_actor(actor),
             )
     except _LostKeyRace:
@@ -244,6 +246,7 @@ def signal(
     dedup_key: str,
     branch: tuple[str, str] | None = None,
     actor: context.Actor | None = None,
+    carrier: dict[str, Any] | None = None,
 ) -> SignalReceipt:
     """Record a signal for an instance (applied later by an executor).
 
@@ -258,11 +261,21 @@ def signal(
     ``WorkflowConflict``. Undeclared names and payloads failing the declared
     schema raise ``WorkflowValidationError``; an ended instance or an instance
     at its open-signal cap raises ``WorkflowConflict``. Refusals write nothing.
+
+    ``carrier`` is an explicit durable context for the workflow code this
+    signal runs: a mapping of registered durable-context names to JSON values
+    (the shape ``context.capture()`` holds under ``"context"``). When given,
+    the executor binds it instead of the context captured from the caller;
+    an unregistered name or the identity namespace raises
+    ``WorkflowValidationError``. It is stored as ``{"context": {...}}`` in
+    the command's ``explicit_carrier_json`` and, like the captured context,
+    is not part of the dedup fingerprint.
     """
     workflow_id = _uuid(instance_id)
     _require_key(name, "signal name")
     _require_key(dedup_key, "dedup_key")
     _require_payload(payload, "the signal payload")
+    explicit = context.explicit_carrier(carrier, max_bytes=workflow_settings.MAX_PAYLOAD_BYTES)
     target: dict[str, Any] = {"name": name}
     if branch is not None:
         if (
@@ -302,6 +315,7 @@ def signal(
                 dedup_key=dedup_key,
                 target=target,
                 context=context.capture(),
+                carrier=explicit,
                 actor=context.stored_actor(actor),
             )
     except _LostKeyRace:

@@ -9,6 +9,7 @@ compiled schemas when it is resident.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,10 @@ def resident_plan(definition_id: str, version: int, *, scope: str = DEFAULT_SCOP
     """
     if scope != DEFAULT_SCOPE:
         return None
-    return catalog.get(definition_id, version)
+    plan = catalog.get(definition_id, version)
+    if plan is not None:
+        fill_schemas_once(plan)
+    return plan
 
 
 def exact_plan(definition_id: str, version: int, plan_hash: str) -> Plan | None:
@@ -48,7 +52,41 @@ def exact_plan(definition_id: str, version: int, plan_hash: str) -> Plan | None:
     plan = catalog.get(definition_id, version)
     if plan is None or plan.plan_hash != plan_hash:
         return None
+    fill_schemas_once(plan)
     return plan
+
+
+_filled: set[tuple[str, str, int, str]] = set()
+_filled_lock = threading.Lock()
+
+
+def fill_schemas_once(plan: Plan) -> None:
+    """After this node first resolves ``plan`` for a pin: fill its row's NULL schema columns.
+
+    The reference's plan cache runs the guarded fill after the first
+    on-demand build of a plan on any node; here a node's first resolution of
+    a pin to its code plan (record side or executor claim) plays that part,
+    so a row recorded before the schema columns existed gets them even on a
+    node that never runs the executor's sync, and its undeclared signals are
+    refused at record time from then on. The fill is its own statement on its
+    own connection (:func:`registry.fill_signal_schemas`), guarded by the
+    plan hash, and runs once per (scope, id, version, hash) per process; a
+    failed fill is tried again at the next resolution.
+    """
+    key = (DEFAULT_SCOPE, plan.id, plan.version, plan.plan_hash)
+    with _filled_lock:
+        if key in _filled:
+            return
+    if registry.fill_signal_schemas(plan) is None:
+        return
+    with _filled_lock:
+        _filled.add(key)
+
+
+def _reset_filled() -> None:
+    """Forget which plans were filled (tests)."""
+    with _filled_lock:
+        _filled.clear()
 
 
 @dataclass(frozen=True)
@@ -95,35 +133,46 @@ def resolve_start_pin(definition_id: str, scope: str, version: int | None) -> Pi
 
 @dataclass(frozen=True)
 class SignalSchemas:
-    """The declared signals of an instance's pin (None: every name is admitted)."""
+    """The declared signals of an instance's pin (None: every name is admitted).
+
+    ``declared`` decides which names are admitted, on every node alike;
+    ``plan`` (resident with the pin's hash) only adds its record-time payload
+    checks (schema, state merge) for the names it declares.
+    """
 
     definition_id: str
     plan: Plan | None
     declared: dict[str, Any] | None
 
     def check_signal(self, name: str, payload: Any) -> None:
-        if self.plan is not None:
-            self.plan.check_signal_payload(name, payload)
-            return
-        if self.declared is None:
-            return
-        if name not in self.declared:
+        if self.declared is not None and name not in self.declared:
             raise WorkflowValidationError(
                 f"workflow {self.definition_id!r} declares no signal {name[:64]!r}"
             )
-        schema = self.declared[name]
+        if self.plan is not None and name in self.plan.signals:
+            self.plan.check_signal_payload(name, payload)
+            return
+        schema = None if self.declared is None else self.declared[name]
         if schema is not None:
             _check_schema(schema, payload, f"payload of signal {name!r}")
 
 
 def signal_schema_source(row: InstanceRow) -> SignalSchemas:
+    """Which signals the instance's pin admits: its registry row's ``signal_names_json``.
+
+    Read in the caller's transaction, after the plan resolution (whose first
+    run may fill a NULL column, see :func:`fill_schemas_once`). A NULL column
+    admits every name. Without any row (an instance started from this node's
+    catalog before an executor recorded the definition) the resident plan's
+    declaration stands in, as it did for the start itself.
+    """
     plan = exact_plan(row.definition_id, row.definition_version, row.plan_hash)
-    if plan is not None:
-        return SignalSchemas(row.definition_id, plan, None)
-    declared = registry.declared_signal_names(
+    found, declared = registry.signal_declaration(
         row.definition_scope_key, row.definition_id, row.definition_version
     )
-    return SignalSchemas(row.definition_id, None, declared)
+    if not found and plan is not None:
+        declared = dict(plan.signals)
+    return SignalSchemas(row.definition_id, plan, declared)
 
 
 def _check_schema(schema: dict[str, Any], payload: Any, what: str) -> None:

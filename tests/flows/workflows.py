@@ -367,3 +367,26 @@ class GrowingFlow(Workflow[dict]):
         return {**state, "blob": state["blob"] + "x" * int(state.get("size", 0))}
 
     done = end()
+
+
+class SignalContextFlow(Workflow[dict]):
+    """Copies the durable tenant context into the state at start and after the "go" signal."""
+
+    id, version, contract = "signal-context-flow", 1, "signal-context-flow.v1"
+    signals = {"go": None}
+
+    @action(start=True, next="wait_go")
+    def at_start(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from tests.flows.context import TENANT
+
+        return {**state, "at_start": TENANT.get()}
+
+    wait_go = wait("go", next="after_go")
+
+    @action(next="done")
+    def after_go(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from tests.flows.context import TENANT
+
+        return {**state, "after_go": TENANT.get()}
+
+    done = end()

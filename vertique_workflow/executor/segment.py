@@ -372,7 +372,9 @@ def _common(loaded: segment_store.Loaded, node_id: str) -> dict[str, Any]:
 def _drive(
     plan: Plan, command: Any, row: InstanceRow, signal_name: str | None, facts: RunFacts
 ) -> DriveResult:
-    with context.bound(command.context):
+    # an explicit carrier recorded with the command overrides the captured context
+    bound = command.context if command.explicit_carrier is None else command.explicit_carrier
+    with context.bound(bound):
         return drive(
             plan,
             kind=command.kind,

@@ -29,6 +29,7 @@ operators and logs, not for end users.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ __all__ = [
     "admit_pin",
     "bound_names",
     "declared_signal_names",
+    "fill_signal_schemas",
     "instance_counts",
     "list_activations",
     "list_definitions",
@@ -70,6 +72,7 @@ __all__ = [
     "retire",
     "select_version",
     "selection_read",
+    "signal_declaration",
     "stranded_instances",
     "transition",
     "upsert_code",
@@ -108,6 +111,8 @@ SET_ISOLATION = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 SET_LOCK_TIMEOUT = (
     "SELECT set_config('lock_timeout', %s, true), current_setting('transaction_isolation')"
 )
+
+logger = logging.getLogger("vertique_workflow.registry")
 
 LOCK_ID = "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))"
 
@@ -221,6 +226,11 @@ WHERE definition_id = %s
 """
 
 PIN_ROWS_FOR_SHARE = PIN_ROWS + "ORDER BY scope_key, definition_version\nFOR SHARE\n"
+
+SET_SESSION_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, false)"
+
+# the on-demand schema fill waits this long at most for the row (fill_signal_schemas)
+FILL_LOCK_TIMEOUT_MS = 100
 
 SIGNAL_NAMES = f"""
 SELECT signal_names_json::text
@@ -863,14 +873,69 @@ def declared_signal_names(
     None (no row, or signals not recorded) means every signal name is admitted.
     Runs on the caller's connection and transaction.
     """
+    return signal_declaration(scope_key, definition_id, version)[1]
+
+
+def signal_declaration(
+    scope_key: str, definition_id: str, version: int
+) -> tuple[bool, dict[str, Any] | None]:
+    """``(row found, declared signals)`` of the pinned row, in the caller's transaction.
+
+    Tells a missing row (an instance pinned from a node's catalog before any
+    executor recorded the definition) from a row whose ``signal_names_json``
+    is NULL (written before the column existed: every name is admitted).
+    """
     connection = connections[db.alias()]
     with connection.cursor() as cursor:
         cursor.execute(SIGNAL_NAMES, [scope_key, definition_id, version])
         row = cursor.fetchone()
     if row is None:
-        return None
+        return False, None
     value = _load(row[0])
-    return value if isinstance(value, dict) else None
+    return True, value if isinstance(value, dict) else None
+
+
+def fill_signal_schemas(plan: PlanLike) -> int | None:
+    """The guarded fill of a CODE row's NULL schema columns, on a connection of its own.
+
+    For a node that resolved ``plan`` outside the executor's sync (a
+    record-only node, or a row recorded before the columns existed): the same
+    ``FILL_SIGNAL_SCHEMAS`` statement as :func:`upsert_code`'s unchanged-hash
+    path, guarded by both columns being NULL and the row holding
+    ``plan.plan_hash``. It runs as one autocommit statement on a new
+    connection, never in the caller's transaction: a caller that rolls back
+    does not undo it, and it takes no lock the caller could later wait on.
+    Its lock wait is short (``FILL_LOCK_TIMEOUT_MS``): the caller's own open
+    transaction may hold the row (a registry change earlier in it), and the
+    caller would then wait on itself; a fill that cannot get the row at once
+    is simply tried again later, and an executing node's sync fills the row
+    too. Returns the rows filled (0 or 1), or None when the statement failed
+    (logged with its SQLSTATE; the next resolution tries again).
+    """
+    params = [
+        _dump(dict(plan.signals)),
+        _dump(plan.start_schema),
+        plan.id,
+        int(plan.version),
+        plan.plan_hash,
+    ]
+    connection = connections.create_connection(db.alias())
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(SET_SESSION_LOCK_TIMEOUT, [f"{FILL_LOCK_TIMEOUT_MS}ms"])
+            cursor.execute(FILL_SIGNAL_SCHEMAS, params)
+            return int(cursor.rowcount)
+    except DatabaseError as exc:
+        logger.warning(
+            "workflow definition %s version %s: the signal schema fill failed (SQLSTATE %s); "
+            "it is tried again at the next plan resolution",
+            plan.id,
+            plan.version,
+            db.sqlstate(exc),
+        )
+        return None
+    finally:
+        connection.close()
 
 
 # --------------------------------------------------------------------------
