@@ -23,6 +23,7 @@ from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
 from .pins import resolve_start_pin, signal_schema_source
 from .store import commands, db, dedup, history, instances
+from .store import definitions as registry
 
 DEFAULT_SCOPE = "default"
 KEY_MAX = 255
@@ -173,6 +174,7 @@ def start(
     pin = resolve_start_pin(definition_id, scope, version)
     pin.check_start_payload(payload or {})
     instance_id = uuid.uuid4()
+    caller_owned = db.connection().in_atomic_block
     try:
         with _atomic():
             pin.admit()
@@ -218,6 +220,12 @@ def start(
                 f"business key already used by another instance of {definition_id!r} "
                 f"in scope {scope!r}"
             ) from None
+        if registry.is_lock_timeout(exc):
+            if caller_owned:
+                # the reference: the data-access error, the caller's transaction lost
+                transaction.set_rollback(True, using=db.alias())
+                raise
+            raise registry.lock_timeout_error(exc, definition_id) from exc
         raise db.translate(exc, "start") from None
     return InstanceRef(instance_id, definition_id, pin.version, created=True)
 
