@@ -130,6 +130,31 @@ def test_admit_pin_called_directly_leaves_the_data_access_error_and_a_lost_block
         assert connection.needs_rollback
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("reset_gates")
+def test_an_admission_timeout_in_a_retry_segment_is_a_transient_failure(holder):
+    from tests.flows.workflows import Gate
+    from vertique_workflow.executor.segment import run_head
+    from vertique_workflow.models import WorkflowCommand
+    from vertique_workflow.store import commands
+    from vertique_workflow.testing import run_until_idle
+
+    Gate.non_retryable = True
+    ref = wf.start("shipment", {"ref": "A-1"}, idempotency_key="k1")
+    run_until_idle()
+    assert wf.get(ref.id).status == "FAILED"
+    Gate.non_retryable = False
+    wf.retry(ref.id)
+    holder.execute(LOCK_KEY, ["shipment"])  # a lifecycle change of the id in progress
+    with short_lock_timeout():
+        outcome = run_head(commands.peek(1)[0], "n")
+    assert outcome.result == "RETRIED"
+    retry = WorkflowCommand.objects.get(workflow_id=ref.id, kind="RETRY")
+    assert (retry.state, retry.attempts, retry.transient_count) == ("PENDING", 0, 1)
+    assert retry.last_error.startswith("TRANSIENT_FAILURE: ")
+    assert wf.get(ref.id).status == "FAILED"  # the segment rolled back
+
+
 # --------------------------------------------------------------------------
 # failure_reason
 # --------------------------------------------------------------------------
