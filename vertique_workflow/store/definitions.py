@@ -11,7 +11,8 @@ Two kinds of access live here:
   key order (``FOR UPDATE``). Two mutations of one id therefore serialize;
   mutations of different ids never wait for each other. A lock wait that
   exceeds ``DEFINITION_LOCK_TIMEOUT_MS`` (SQLSTATE 55P03) rolls the mutation
-  back and raises a retryable :class:`WorkflowPersistenceError` naming the id.
+  back and raises a retryable :class:`WorkflowPersistenceError` whose
+  ``definition_id`` is the id (the database error as its cause).
 * **Reads in the caller's transaction** (:func:`selection_read`,
   :func:`admit_pin`, :func:`declared_signal_names`) run on the caller's
   connection and transaction, so a start sees the registry exactly as its own
@@ -22,8 +23,10 @@ The advisory key is the single-bigint form
 per-instance execution lock uses the two-integer form, so the two key spaces
 never collide.
 
-Refusal messages may name other scopes and plan hashes: they are meant for
-operators and logs, not for end users.
+Refusals are :class:`DefinitionUnavailable` / :class:`DefinitionNotFound`
+(``RegistryRefusal``): their messages may name other scopes and plan hashes,
+so they are meant for operators and logs; end users get
+``exceptions.user_message`` (a fixed sentence).
 """
 
 from __future__ import annotations
