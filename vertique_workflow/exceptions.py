@@ -14,13 +14,17 @@ from typing import ClassVar
 
 __all__ = [
     "ContractMismatch",
+    "DefinitionNotFound",
+    "DefinitionUnavailable",
     "NonRetryable",
+    "RegistryRefusal",
     "WorkflowConflict",
     "WorkflowDefinitionError",
     "WorkflowError",
     "WorkflowNotFound",
     "WorkflowPersistenceError",
     "WorkflowValidationError",
+    "user_message",
 ]
 
 
@@ -91,9 +95,38 @@ class WorkflowPersistenceError(WorkflowError):
 
     reason_code: ClassVar[str] = "PERSISTENCE"
 
-    def __init__(self, message: str = "", *, retryable: bool = False) -> None:
+    def __init__(
+        self, message: str = "", *, retryable: bool = False, definition_id: str | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
+        # the exact definition id of registry work (a lock timeout), for tools
+        self.definition_id = definition_id
+
+
+class RegistryRefusal(WorkflowError):
+    """A refusal by the definition registry (base of the two classes below).
+
+    Its message is for operators and logs only: it can name other scopes,
+    versions and plan hashes. Show end users :func:`user_message` (the fixed
+    ``USER_MESSAGE``) instead. ``definition_id`` names the id it is about.
+    """
+
+    USER_MESSAGE: ClassVar[str] = "This workflow is not available right now."
+
+    def __init__(self, message: str = "", *, definition_id: str | None = None) -> None:
+        super().__init__(message)
+        self.definition_id = definition_id
+
+
+class DefinitionUnavailable(RegistryRefusal, WorkflowConflict):
+    """The registry refused a version: not AVAILABLE, a pin that drifted, an invalid
+    registry transition (a :class:`WorkflowConflict`, HTTP 409)."""
+
+
+class DefinitionNotFound(RegistryRefusal, WorkflowNotFound):
+    """The registry has no such version, or the version an activation names is gone
+    (a :class:`WorkflowNotFound`, HTTP 404)."""
 
 
 REASON_CODE_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
@@ -137,3 +170,22 @@ class NonRetryable(WorkflowError):
 
     def __str__(self) -> str:
         return self.reason_code if self.detail is None else f"{self.reason_code}: {self.detail}"
+
+
+GENERIC_USER_MESSAGE = "The request could not be completed; please try again later."
+
+
+def user_message(exc: BaseException) -> str:
+    """The text of ``exc`` that may be shown to an end user.
+
+    Not-found, conflict and validation messages are written for users and are
+    returned as they are; a :class:`RegistryRefusal` (its message can name
+    other scopes and plan hashes) gives its fixed ``USER_MESSAGE``; anything
+    else (definition and persistence errors, database errors, bugs) gives a
+    fixed generic sentence: log the exception itself.
+    """
+    if isinstance(exc, RegistryRefusal):
+        return exc.USER_MESSAGE
+    if isinstance(exc, WorkflowNotFound | WorkflowConflict | WorkflowValidationError):
+        return str(exc)
+    return GENERIC_USER_MESSAGE

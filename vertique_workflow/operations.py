@@ -23,6 +23,7 @@ from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
 from .pins import resolve_start_pin, signal_schema_source
 from .store import commands, db, dedup, history, instances
+from .store import definitions as registry
 
 DEFAULT_SCOPE = "default"
 KEY_MAX = 255
@@ -175,6 +176,7 @@ def start(
     instance_id = uuid.uuid4()
     # captured once: the instance's metadata and the START command hold the same document
     captured = context.capture()
+    caller_owned = db.connection().in_atomic_block
     try:
         with _atomic():
             pin.admit()
@@ -220,6 +222,12 @@ def start(
                 f"business key already used by another instance of {definition_id!r} "
                 f"in scope {scope!r}"
             ) from None
+        if registry.is_lock_timeout(exc):
+            if caller_owned:
+                # the reference: the data-access error, the caller's transaction lost
+                transaction.set_rollback(True, using=db.alias())
+                raise
+            raise registry.lock_timeout_error(exc, definition_id) from exc
         raise db.translate(exc, "start") from None
     return InstanceRef(instance_id, definition_id, pin.version, created=True)
 

@@ -44,9 +44,11 @@ def index(request: HttpRequest) -> HttpResponse:
                     actor=wf.Actor.user(data["submitted_by"]),
                 )
         except wf.WorkflowValidationError as exc:
-            form.add_error(None, str(exc))
-        except wf.WorkflowConflict as exc:
-            form.add_error(None, f"Refused: {exc}")
+            form.add_error(None, wf.user_message(exc))
+        except (wf.WorkflowConflict, wf.WorkflowNotFound) as exc:
+            # user_message: a registry refusal (it can name other scopes and plan
+            # hashes) becomes a fixed sentence; the other messages are written for users
+            form.add_error(None, f"Refused: {wf.user_message(exc)}")
         else:
             if ref.created:
                 messages.success(request, f"Expense submitted as instance {ref.id}.")
@@ -104,9 +106,9 @@ def decide(request: HttpRequest, instance_id: uuid.UUID, decision: str) -> HttpR
     except wf.WorkflowNotFound:
         raise Http404("no such workflow instance") from None
     except wf.WorkflowConflict as exc:
-        messages.error(request, f"Refused: {exc}")
+        messages.error(request, f"Refused: {wf.user_message(exc)}")
     except wf.WorkflowValidationError as exc:
-        messages.error(request, f"Invalid: {exc}")
+        messages.error(request, f"Invalid: {wf.user_message(exc)}")
     else:
         if receipt.duplicate:
             messages.info(request, f"Already {DECISIONS[decision]} (duplicate ignored).")

@@ -11,7 +11,8 @@ Two kinds of access live here:
   key order (``FOR UPDATE``). Two mutations of one id therefore serialize;
   mutations of different ids never wait for each other. A lock wait that
   exceeds ``DEFINITION_LOCK_TIMEOUT_MS`` (SQLSTATE 55P03) rolls the mutation
-  back and raises a retryable :class:`WorkflowPersistenceError` naming the id.
+  back and raises a retryable :class:`WorkflowPersistenceError` whose
+  ``definition_id`` is the id (the database error as its cause).
 * **Reads in the caller's transaction** (:func:`selection_read`,
   :func:`admit_pin`, :func:`declared_signal_names`) run on the caller's
   connection and transaction, so a start sees the registry exactly as its own
@@ -22,8 +23,10 @@ The advisory key is the single-bigint form
 per-instance execution lock uses the two-integer form, so the two key spaces
 never collide.
 
-Refusal messages may name other scopes and plan hashes: they are meant for
-operators and logs, not for end users.
+Refusals are :class:`DefinitionUnavailable` / :class:`DefinitionNotFound`
+(``RegistryRefusal``): their messages may name other scopes and plan hashes,
+so they are meant for operators and logs; end users get
+``exceptions.user_message`` (a fixed sentence).
 """
 
 from __future__ import annotations
@@ -43,9 +46,9 @@ from .. import tables
 from ..conf import workflow_settings
 from ..exceptions import (
     ContractMismatch,
-    WorkflowConflict,
+    DefinitionNotFound,
+    DefinitionUnavailable,
     WorkflowDefinitionError,
-    WorkflowNotFound,
     WorkflowPersistenceError,
     WorkflowValidationError,
 )
@@ -55,6 +58,7 @@ from .instances import ENDED as ENDED_INSTANCE_STATUSES
 __all__ = [
     "Activation",
     "BoundNames",
+    "DefinitionFailure",
     "DefinitionRecord",
     "DefinitionRow",
     "PlanLike",
@@ -64,9 +68,12 @@ __all__ = [
     "bound_names",
     "declared_signal_names",
     "fill_signal_schemas",
+    "find_definition",
     "instance_counts",
+    "is_lock_timeout",
     "list_activations",
     "list_definitions",
+    "lock_timeout_error",
     "put_activation",
     "remove_activation",
     "retire",
@@ -394,9 +401,34 @@ class SelectionResult:
         return None
 
 
+# The fixed description of each rule a failing scope row breaks (the detail
+# of DefinitionRecord.failure).
+FAILURE_DESCRIPTIONS = {
+    "STATE_TYPE_NOT_EXTENDED": (
+        "the state type of this scope's version does not extend the state type of the "
+        "default scope's version of the definition"
+    ),
+    "NAME_BINDING_UNRESOLVED": (
+        "a class this version binds by name does not resolve on the node that evaluated it"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DefinitionFailure:
+    """The rule a failing scope row breaks: its name and its fixed description."""
+
+    reason: str
+    detail: str
+
+
 @dataclass(frozen=True)
 class DefinitionRecord:
-    """A registry row as listed (metadata only: never the document text)."""
+    """A registry row as listed or found (metadata only: never the document text).
+
+    ``failure_reason`` is a reason this release knows, else None; ``failure``
+    pairs it with the rule's fixed description.
+    """
 
     scope_key: str
     definition_id: str
@@ -412,6 +444,12 @@ class DefinitionRecord:
     failure_reason: str | None
     created_at: datetime
     updated_at: datetime
+
+    @property
+    def failure(self) -> DefinitionFailure | None:
+        """The failure mark with its fixed description; None for no (or an unknown) reason."""
+        detail = FAILURE_DESCRIPTIONS.get(self.failure_reason or "")
+        return None if detail is None else DefinitionFailure(str(self.failure_reason), detail)
 
 
 @dataclass(frozen=True)
@@ -430,8 +468,8 @@ def _key(scope_key: str, definition_id: str, version: int) -> str:
     return f"{scope_key}/{definition_id} v{version}"
 
 
-def _invalid_transition(message: str) -> WorkflowConflict:
-    return WorkflowConflict(f"{INVALID_TRANSITION}: {message}")
+def _invalid_transition(definition_id: str, message: str) -> DefinitionUnavailable:
+    return DefinitionUnavailable(f"{INVALID_TRANSITION}: {message}", definition_id=definition_id)
 
 
 def _dump(value: Any) -> str | None:
@@ -461,18 +499,34 @@ def _translated(exc: DatabaseError, definition_id: str) -> Exception | None:
             f"definition {definition_id!r}: a registry lock was not granted within the "
             "lock_timeout; the transaction was rolled back, run it again",
             retryable=True,
+            definition_id=definition_id,
         )
     if db.is_retryable(exc):
         return WorkflowPersistenceError(
             f"definition {definition_id!r}: the database aborted the registry transaction "
             f"(SQLSTATE {state or 'unknown'}); run it again",
             retryable=True,
+            definition_id=definition_id,
         )
     if state == "23505":
-        return WorkflowConflict(
-            f"definition {definition_id!r}: a concurrent writer created the same registry key"
+        return DefinitionUnavailable(
+            f"definition {definition_id!r}: a concurrent writer created the same registry key",
+            definition_id=definition_id,
         )
     return None
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lock wait over ``lock_timeout`` (SQLSTATE 55P03)."""
+    return isinstance(exc, DatabaseError) and db.sqlstate(exc) == "55P03"
+
+
+def lock_timeout_error(exc: DatabaseError, definition_id: str) -> WorkflowPersistenceError:
+    """The retryable error naming the id, for a runner that owns the transaction."""
+    mapped = _translated(exc, definition_id)
+    assert isinstance(mapped, WorkflowPersistenceError)
+    mapped.__cause__ = exc
+    return mapped
 
 
 def _lock_timeout() -> str:
@@ -500,6 +554,7 @@ def _mutation(definition_id: str) -> Iterator[tuple[CursorWrapper, list[_LockedR
                     f"but the enclosing transaction is {isolation.upper()}; call it outside "
                     "that transaction",
                     retryable=False,
+                    definition_id=definition_id,
                 )
             cursor.execute(LOCK_ID, [definition_id])
             cursor.execute(LOCK_ROWS, [definition_id])
@@ -590,9 +645,10 @@ def _guard_default_current(
             and target_version == version
         ):
             raise _invalid_transition(
+                definition_id,
                 f"definition {_key(scope_key, definition_id, version)} is the current "
                 "default version; activate another version or remove the default "
-                "activation first"
+                "activation first",
             )
 
 
@@ -734,12 +790,13 @@ def selection_read(start_scope: str, definition_id: str) -> SelectionResult:
     return SelectionResult(definition_id, start_scope, tuple(rows), tuple(activations))
 
 
-def _available(row: DefinitionRow | None, what: str) -> DefinitionRow:
+def _available(row: DefinitionRow | None, definition_id: str, what: str) -> DefinitionRow:
     if row is None:
-        raise WorkflowNotFound(f"{what} does not exist")
+        raise DefinitionNotFound(f"{what} does not exist", definition_id=definition_id)
     if row.status != "AVAILABLE":
-        raise WorkflowConflict(
-            f"definition {_key(*row.key)} is {row.status}: version not available"
+        raise DefinitionUnavailable(
+            f"definition {_key(*row.key)} is {row.status}: version not available",
+            definition_id=definition_id,
         )
     return row
 
@@ -766,27 +823,36 @@ def select_version(
             DEFAULT_SCOPE, requested_version
         )
         if row is None and not result.rows:
-            raise WorkflowNotFound(f"workflow definition {definition_id!r} does not exist")
-        return _available(row, f"workflow definition {definition_id!r} version {requested_version}")
+            raise DefinitionNotFound(
+                f"workflow definition {definition_id!r} does not exist",
+                definition_id=definition_id,
+            )
+        return _available(
+            row, definition_id, f"workflow definition {definition_id!r} version {requested_version}"
+        )
     record = result.activation(start_scope) or result.activation(DEFAULT_SCOPE)
     if record is not None:
         target = result.row(record.target_scope_key, record.version)
         return _available(
             target,
+            definition_id,
             f"workflow definition {_key(record.target_scope_key, definition_id, record.version)} "
             f"(activated in scope {record.scope_key!r})",
         )
     if not result.rows:
-        raise WorkflowNotFound(f"workflow definition {definition_id!r} does not exist")
+        raise DefinitionNotFound(
+            f"workflow definition {definition_id!r} does not exist", definition_id=definition_id
+        )
     for scope_key in (start_scope, DEFAULT_SCOPE):
         candidates = [
             row for row in result.rows if row.scope_key == scope_key and row.status == "AVAILABLE"
         ]
         if candidates:
             return max(candidates, key=lambda row: row.version)
-    raise WorkflowConflict(
+    raise DefinitionUnavailable(
         f"workflow definition {definition_id!r} has no AVAILABLE version in scope "
-        f"{start_scope!r} or the default scope"
+        f"{start_scope!r} or the default scope",
+        definition_id=definition_id,
     )
 
 
@@ -817,11 +883,15 @@ def admit_pin(
       (or DEPRECATED when ``resurrection``); rows of other scopes and versions
       play no part.
 
-    A refusal is :class:`WorkflowConflict` (``INVALID_TRANSITION: ...``). A
-    lock wait over the timeout raises a retryable
-    :class:`WorkflowPersistenceError`; the caller's transaction is then
-    unusable and must be run again as a whole. The lock_timeout stays set
-    for the rest of the caller's transaction.
+    A refusal is :class:`DefinitionUnavailable` (a ``WorkflowConflict``,
+    ``INVALID_TRANSITION: ...``). A lock wait over the timeout is, as in the
+    reference, the data-access error of the caller's transaction: Django's
+    ``OperationalError`` with SQLSTATE 55P03 (:func:`lock_timeout_error`
+    makes the retryable :class:`WorkflowPersistenceError` naming the id for a
+    runner that owns the transaction). Called directly in the caller's
+    ``atomic`` block, that block is then marked for rollback (unusable): run
+    it again as a whole. The lock_timeout stays set for the rest of the
+    caller's transaction.
     """
     alias = db.alias()
     connection = connections[alias]
@@ -839,6 +909,9 @@ def admit_pin(
             cursor.execute(PIN_ROWS if read_committed else PIN_ROWS_FOR_SHARE, [definition_id])
             rows = cursor.fetchall()
     except DatabaseError as exc:
+        if db.sqlstate(exc) == "55P03":
+            # the caller owns the transaction: the data-access error as is
+            raise
         mapped = _translated(exc, definition_id)
         if mapped is None:
             raise
@@ -848,21 +921,23 @@ def admit_pin(
         if read_committed:
             return
         raise _invalid_transition(
+            definition_id,
             f"pin {key} refused: no registry row of {definition_id!r} is visible to this "
-            f"{isolation.upper()} transaction"
+            f"{isolation.upper()} transaction",
         )
     for row_scope, row_version, status, row_hash in rows:
         if row_scope != scope_key or row_version != version:
             continue
         if row_hash != plan_hash:
             raise _invalid_transition(
-                f"pin {key} refused: the plan hash differs from the registered one (drift)"
+                definition_id,
+                f"pin {key} refused: the plan hash differs from the registered one (drift)",
             )
         allowed = ("AVAILABLE", "DEPRECATED") if resurrection else ("AVAILABLE",)
         if status not in allowed:
-            raise _invalid_transition(f"pin {key} refused: the version is {status}")
+            raise _invalid_transition(definition_id, f"pin {key} refused: the version is {status}")
         return
-    raise _invalid_transition(f"pin {key} refused: the registry has no such version")
+    raise _invalid_transition(definition_id, f"pin {key} refused: the registry has no such version")
 
 
 def declared_signal_names(
@@ -962,16 +1037,19 @@ def transition(
     if (from_status, to_status) not in TRANSITIONS:
         allowed = ", ".join(f"{a} -> {b}" for a, b in sorted(TRANSITIONS))
         raise _invalid_transition(
+            definition_id,
             f"definition {_key(scope_key, definition_id, version)}: {from_status} -> "
-            f"{to_status} is not a registry transition (allowed: {allowed})"
+            f"{to_status} is not a registry transition (allowed: {allowed})",
         )
     key = _key(scope_key, definition_id, version)
     with _mutation(definition_id) as (cursor, rows):
         row = _find(rows, scope_key, version)
         if row is None:
-            raise _invalid_transition(f"definition {key} does not exist")
+            raise _invalid_transition(definition_id, f"definition {key} does not exist")
         if row.status != from_status:
-            raise _invalid_transition(f"definition {key} is {row.status}, not {from_status}")
+            raise _invalid_transition(
+                definition_id, f"definition {key} is {row.status}, not {from_status}"
+            )
         if from_status == "AVAILABLE":
             _guard_default_current(cursor, scope_key, definition_id, version)
         if from_status == "RETIRED":
@@ -981,7 +1059,7 @@ def transition(
             _check_default_contract(rows, scope_key, definition_id, version, row.contract_name)
         cursor.execute(SET_STATUS, [to_status, scope_key, definition_id, version, from_status])
         if cursor.rowcount != 1:
-            raise _invalid_transition(f"definition {key} changed concurrently")
+            raise _invalid_transition(definition_id, f"definition {key} changed concurrently")
 
 
 def retire(scope_key: str, definition_id: str, version: int) -> None:
@@ -997,11 +1075,12 @@ def retire(scope_key: str, definition_id: str, version: int) -> None:
     with _mutation(definition_id) as (cursor, rows):
         row = _find(rows, scope_key, version)
         if row is None:
-            raise _invalid_transition(f"definition {key} does not exist")
+            raise _invalid_transition(definition_id, f"definition {key} does not exist")
         if row.status not in ("CANDIDATE", "DEPRECATED"):
             raise _invalid_transition(
+                definition_id,
                 f"definition {key} is {row.status}; only CANDIDATE or DEPRECATED versions "
-                "retire (deprecate it first)"
+                "retire (deprecate it first)",
             )
         _guard_default_current(cursor, scope_key, definition_id, version)
         if row.status == "DEPRECATED":
@@ -1009,12 +1088,13 @@ def retire(scope_key: str, definition_id: str, version: int) -> None:
             (pinned,) = cursor.fetchone()
             if pinned:
                 raise _invalid_transition(
+                    definition_id,
                     f"definition {key} still pins {pinned} unfinished instance(s) "
-                    "(PENDING, RUNNING, WAITING or COMPENSATING); let them end or migrate them"
+                    "(PENDING, RUNNING, WAITING or COMPENSATING); let them end or migrate them",
                 )
         cursor.execute(SET_STATUS, ["RETIRED", scope_key, definition_id, version, row.status])
         if cursor.rowcount != 1:
-            raise _invalid_transition(f"definition {key} changed concurrently")
+            raise _invalid_transition(definition_id, f"definition {key} changed concurrently")
 
 
 # --------------------------------------------------------------------------
@@ -1041,10 +1121,12 @@ def put_activation(scope_key: str, definition_id: str, target_scope_key: str, ve
     with _mutation(definition_id) as (cursor, rows):
         target = _find(rows, target_scope_key, version)
         if target is None:
-            raise _invalid_transition(f"activation target {target_key} does not exist")
+            raise _invalid_transition(
+                definition_id, f"activation target {target_key} does not exist"
+            )
         if target.status != "AVAILABLE":
             raise _invalid_transition(
-                f"activation target {target_key} is {target.status}, not AVAILABLE"
+                definition_id, f"activation target {target_key} is {target.status}, not AVAILABLE"
             )
         if scope_key != target_scope_key:
             for own in rows:
@@ -1098,6 +1180,14 @@ def list_definitions(
         values[11] = _known_failure(values[11])
         records.append(DefinitionRecord(*values))
     return records
+
+
+def find_definition(scope_key: str, definition_id: str, version: int) -> DefinitionRecord | None:
+    """The registry row ``(scope_key, definition_id, version)`` (metadata only), or None."""
+    for record in list_definitions(scope=scope_key, definition_id=definition_id):
+        if record.version == version:
+            return record
+    return None
 
 
 def list_activations(
