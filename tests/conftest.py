@@ -92,6 +92,19 @@ def table_counts() -> dict[str, int]:
 
 
 @pytest.fixture
+def holder(django_db_blocker: Any) -> Iterator[psycopg.Connection]:
+    """Another session with a transaction of its own, to hold locks (execution, definition id)
+    while the test acts; rolled back and closed when the test ends."""
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        conn = connect(connection.settings_dict["NAME"])
+    yield conn
+    conn.rollback()
+    conn.close()
+
+
+@pytest.fixture
 def reset_gates() -> Iterator[None]:
     from tests.flows.workflows import Billing, Blocking, Gate, Probes
 

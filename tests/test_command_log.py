@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import override_settings
 
 import vertique_workflow as wf
-from tests.conftest import connect, table_counts
+from tests.conftest import table_counts
 from tests.flows.workflows import Billing
 from vertique_workflow.models import (
     WorkflowCommand,
@@ -113,16 +112,6 @@ def assert_settled_unspent(cid: int, state: str, reason: str) -> WorkflowCommand
     assert row.settled_at is not None
     assert row.last_error is not None and row.last_error.startswith(f"{reason}: ")
     return row
-
-
-@pytest.fixture
-def holder(django_db_blocker: Any) -> Iterator[psycopg.Connection]:
-    """Another session, to hold an instance's execution lock."""
-    with django_db_blocker.unblock():
-        conn = connect(connection.settings_dict["NAME"])
-    yield conn
-    conn.rollback()
-    conn.close()
 
 
 def hold_execution_lock(holder: psycopg.Connection, workflow_id: Any) -> None:

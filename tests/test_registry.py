@@ -24,7 +24,6 @@ from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection, connections, transaction
 from django.test import override_settings
 
-from tests.conftest import connect
 from vertique_workflow import registry, tables
 from vertique_workflow.conf import workflow_settings
 from vertique_workflow.exceptions import (
@@ -153,16 +152,6 @@ def lock_timeout(ms: int) -> override_settings:
     return override_settings(
         VERTIQUE_WORKFLOW={**settings.VERTIQUE_WORKFLOW, "DEFINITION_LOCK_TIMEOUT_MS": ms}
     )
-
-
-@pytest.fixture
-def holder(django_db_blocker: Any) -> Iterator[psycopg.Connection]:
-    """Another session (its own transaction) that can hold definition id locks."""
-    with django_db_blocker.unblock():
-        conn = connect(connection.settings_dict["NAME"])
-    yield conn
-    conn.rollback()
-    conn.close()
 
 
 def hold(holder: psycopg.Connection, definition_id: str, *, shared: bool = False) -> None:

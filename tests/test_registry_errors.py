@@ -15,17 +15,15 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 
 import vertique_workflow as wf
-from tests.conftest import ROOT, connect, database_url, table_counts
+from tests.conftest import ROOT, database_url, table_counts
 from vertique_workflow import tables
 from vertique_workflow.exceptions import (
     DefinitionNotFound,
@@ -64,16 +62,6 @@ def short_lock_timeout() -> override_settings:
     return override_settings(
         VERTIQUE_WORKFLOW={**settings.VERTIQUE_WORKFLOW, "DEFINITION_LOCK_TIMEOUT_MS": 100}
     )
-
-
-@pytest.fixture
-def holder(django_db_blocker: Any) -> Iterator[psycopg.Connection]:
-    """Another session holding a definition id's exclusive lock until the test ends."""
-    with django_db_blocker.unblock():
-        conn = connect(connection.settings_dict["NAME"])
-    yield conn
-    conn.rollback()
-    conn.close()
 
 
 # --------------------------------------------------------------------------
