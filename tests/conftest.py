@@ -91,6 +91,17 @@ def table_counts() -> dict[str, int]:
     return counts
 
 
+def history_events(instance_id: Any) -> list[str]:
+    """The event types of an instance's history, in sequence order."""
+    from vertique_workflow.models import WorkflowHistory
+
+    return list(
+        WorkflowHistory.objects.filter(workflow_id=instance_id)
+        .order_by("sequence")
+        .values_list("event_type", flat=True)
+    )
+
+
 @pytest.fixture
 def holder(django_db_blocker: Any) -> Iterator[psycopg.Connection]:
     """Another session with a transaction of its own, to hold locks (execution, definition id)

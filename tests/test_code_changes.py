@@ -23,6 +23,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 import vertique_workflow as wf
+from tests.conftest import history_events as events
 from tests.conftest import run_manage, table_counts
 from vertique_workflow import registry
 from vertique_workflow.checks import check_stranded_instances
@@ -31,7 +32,6 @@ from vertique_workflow.exceptions import WorkflowDefinitionError
 from vertique_workflow.models import (
     WorkflowCommand,
     WorkflowDefinition,
-    WorkflowHistory,
     WorkflowInstance,
 )
 from vertique_workflow.pins import resident_plan
@@ -99,14 +99,6 @@ def waiting_at_first(count: int = 1) -> list[Any]:
     run_until_idle()
     assert {wf.get(ref).current_step for ref in refs} == {"wait_first"}
     return refs
-
-
-def events(instance_id: Any) -> list[str]:
-    return list(
-        WorkflowHistory.objects.filter(workflow_id=instance_id)
-        .order_by("id")
-        .values_list("event_type", flat=True)
-    )
 
 
 # --------------------------------------------------------------------------

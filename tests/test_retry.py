@@ -13,6 +13,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 import vertique_workflow as wf
+from tests.conftest import history_events as events
 from tests.conftest import table_counts
 from tests.executor_process import ExecutorProcess, wait_until
 from tests.flows.models import Shipment
@@ -21,14 +22,6 @@ from vertique_workflow.models import WorkflowCommand, WorkflowCommandQueue, Work
 from vertique_workflow.testing import run_until_idle
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("reset_gates")]
-
-
-def events(instance_id) -> list[str]:
-    return list(
-        WorkflowHistory.objects.filter(workflow_id=instance_id)
-        .order_by("sequence")
-        .values_list("event_type", flat=True)
-    )
 
 
 def commands_of(instance_id) -> list[tuple[str, str, int]]:

@@ -7,6 +7,7 @@ from django.db import connection
 from django.test import override_settings
 
 import vertique_workflow as wf
+from tests.conftest import history_events as events
 from tests.flows.context import TENANT
 from tests.flows.models import Shipment
 from tests.flows.workflows import Gate
@@ -15,14 +16,6 @@ from vertique_workflow.models import WorkflowCommand, WorkflowCommandQueue, Work
 from vertique_workflow.testing import run_until_idle
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("reset_gates")]
-
-
-def events(instance_id) -> list[str]:
-    return list(
-        WorkflowHistory.objects.filter(workflow_id=instance_id)
-        .order_by("sequence")
-        .values_list("event_type", flat=True)
-    )
 
 
 def test_start_wait_signal_completes_with_the_complete_history():
