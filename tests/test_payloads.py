@@ -22,10 +22,8 @@ from tests.flows.workflows import GrowingFlow, Ticket, TicketFlow
 from vertique_workflow import operations, payloads, pins
 from vertique_workflow.conf import workflow_settings
 from vertique_workflow.definitions import catalog
-from vertique_workflow.engine.drive import STEP_ATTRIBUTE, RunFacts
-from vertique_workflow.engine.drive import apply_signal as drive_signal
-from vertique_workflow.engine.drive import drive as drive_command
-from vertique_workflow.engine.drive import start as drive_start
+from vertique_workflow.engine.drive import STEP_ATTRIBUTE, RunFacts, Snapshot, drive
+from vertique_workflow.engine.events import Signal, Start
 from vertique_workflow.exceptions import NonRetryable, WorkflowValidationError
 from vertique_workflow.models import WorkflowCommand
 from vertique_workflow.testing import run_until_idle
@@ -407,6 +405,16 @@ def facts(**extra: Any) -> RunFacts:
     )
 
 
+def drive_start(plan: Any, payload: Any, run_facts: RunFacts) -> Any:
+    return drive(plan, Snapshot("PENDING", None, None), Start(payload), run_facts)
+
+
+def drive_signal(
+    plan: Any, state: Any, step: str, name: str, payload: Any, run_facts: RunFacts
+) -> Any:
+    return drive(plan, Snapshot("WAITING", step, state), Signal(name, payload), run_facts)
+
+
 def test_the_engine_raises_non_retryable_codes_marked_with_the_step() -> None:
     plan = TicketFlow.plan()
     with pytest.raises(NonRetryable) as info:
@@ -426,35 +434,11 @@ def test_the_engine_raises_non_retryable_codes_marked_with_the_step() -> None:
 def test_the_state_size_is_checked_only_when_the_segment_gives_a_limit() -> None:
     plan = GrowingFlow.plan()
     payload = {"size": 50}
-    result = drive_command(
-        plan,
-        kind="START",
-        state_json=None,
-        current_step=None,
-        payload=payload,
-        signal_name=None,
-        facts=facts(),
-    )
+    result = drive_start(plan, payload, facts())
     size = payloads.json_size(result.state)
     for max_state_bytes in (None, size):
-        drive_command(
-            plan,
-            kind="START",
-            state_json=None,
-            current_step=None,
-            payload=payload,
-            signal_name=None,
-            facts=facts(max_state_bytes=max_state_bytes),
-        )
+        drive_start(plan, payload, facts(max_state_bytes=max_state_bytes))
     with pytest.raises(NonRetryable) as info:
-        drive_command(
-            plan,
-            kind="START",
-            state_json=None,
-            current_step=None,
-            payload=payload,
-            signal_name=None,
-            facts=facts(max_state_bytes=size - 1),
-        )
+        drive_start(plan, payload, facts(max_state_bytes=size - 1))
     assert info.value.reason_code == "STATE_TOO_LARGE"
     assert getattr(info.value, STEP_ATTRIBUTE) == "grow"

@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonpatch
 
-from .drive import Decision, DriveResult
+from .transition import Decision, DriveResult
 
 ENTRY_VERSION_DECISION_LOG = 2
 NO_PATCH = object()  # the entry carries no patch column at all (not a decision)

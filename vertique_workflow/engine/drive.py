@@ -1,101 +1,55 @@
-"""Drive a plan from a command until the instance waits or ends.
+"""The loop: drive a plan from one event until the instance waits or ends.
 
-The executor hands the engine the plan of the instance's pin, the stored
-state and the command; the engine runs workflow code (actions, decisions,
-signal application) and returns what happened. It never touches the
-database: persisting the outcome is the segment's job.
+``drive(plan, snapshot, event, facts)`` takes the instance as stored (its
+status, step and state) and the event a command brings, and returns a
+``Transition``: the new status, step and state, the decisions for the log
+and the effects for the segment to persist -- or, when the step the
+instance stands at refuses the event, how its command settles. What a kind
+of step does lives in ``engine/steps/``; this loop never names a kind. The
+engine never touches the database.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..definitions import Plan, Step, StepContext
+from ..definitions import Plan, Step
 from ..exceptions import NonRetryable, WorkflowDefinitionError, WorkflowValidationError
 from ..payloads import json_size
+from .events import Completion, Event, Resume, Signal, Start, TimerFired
+from .steps import KINDS, StepKind
+from .transition import (
+    STEP_ATTRIBUTE,
+    Decision,
+    DriveResult,
+    Halt,
+    Run,
+    RunFacts,
+    Transition,
+    mark_step,
+    refused_input,
+)
 
 # A plan that never reaches a wait or an end inside one segment is a bug in
 # the plan (a decision loop); it fails instead of spinning forever.
 MAX_STEPS_PER_SEGMENT = 10_000
 
-
-@dataclass(frozen=True)
-class RunFacts:
-    """What the engine may know about the instance and the command."""
-
-    instance_id: Any
-    definition_id: str
-    definition_version: int
-    business_key: str | None
-    scope: str
-    command_id: int | None
-    command_kind: str
-    actor: Any = None
-    # MAX_PAYLOAD_BYTES, handed in by the segment (the engine reads no settings):
-    # the largest state a drive may leave to be stored; None checks no size.
-    max_state_bytes: int | None = None
+STEP_NOT_IN_PLAN = "STEP_NOT_IN_PLAN"
 
 
 @dataclass(frozen=True)
-class Decision:
-    """One step the drive took: the state before and after it, as JSON."""
+class Snapshot:
+    """The instance as the segment read it, under the execution lock.
 
-    step_id: str
-    outcome: str
-    before: dict[str, Any]
-    after: dict[str, Any]
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class DriveResult:
-    """The outcome of one drive.
-
-    ``applied`` is False when a signal is not accepted by the current step:
-    the segment parks it and changes nothing else.
+    ``current_step`` is where the instance's token stands (the step it waits
+    at, or the step it failed at); ``state`` the stored state JSON. Branch
+    tokens join the snapshot with fork/join.
     """
 
-    applied: bool
     status: str
     current_step: str | None
     state: dict[str, Any] | None
-    decisions: list[Decision] = field(default_factory=list)
-    error_type: str | None = None
-    error_message: str | None = None
-    waiting: tuple[str, ...] = ()
-
-    @property
-    def ended(self) -> bool:
-        return self.status in ("COMPLETED", "FAILED")
-
-
-def _context(facts: RunFacts, step_id: str, **extra: Any) -> StepContext:
-    return StepContext(
-        instance_id=facts.instance_id,
-        step_id=step_id,
-        definition_id=facts.definition_id,
-        definition_version=facts.definition_version,
-        command_id=facts.command_id,
-        command_kind=facts.command_kind,
-        business_key=facts.business_key,
-        scope=facts.scope,
-        actor=facts.actor,
-        **extra,
-    )
-
-
-def _refused(code: str, exc: WorkflowValidationError, step_id: str) -> NonRetryable:
-    """A validation error of the engine's own: the same input fails every attempt.
-
-    ``PAYLOAD_INVALID``: the command's payload does not fit (the start payload
-    the state type, a signal payload the default merge). ``STATE_INVALID``: the
-    stored state no longer fits the state type. The message names fields,
-    never values; it goes to the log only (``detail``).
-    """
-    refused = NonRetryable(code, str(exc))
-    mark_step(refused, step_id)
-    return refused
 
 
 def state_of(plan: Plan, state_json: Any, code: str, step_id: str) -> Any:
@@ -103,65 +57,7 @@ def state_of(plan: Plan, state_json: Any, code: str, step_id: str) -> Any:
     try:
         return plan.state_from_json(state_json)
     except WorkflowValidationError as exc:
-        raise _refused(code, exc, step_id) from exc
-
-
-def start(plan: Plan, payload: dict[str, Any] | None, facts: RunFacts) -> DriveResult:
-    """Run a new instance from its first step with the start payload as state."""
-    state = state_of(plan, payload or {}, "PAYLOAD_INVALID", plan.start)
-    return _run(plan, state, plan.start, facts, [])
-
-
-def apply_signal(
-    plan: Plan,
-    state_json: dict[str, Any] | None,
-    current_step: str | None,
-    name: str,
-    payload: Any,
-    facts: RunFacts,
-) -> DriveResult:
-    """Apply a signal to the wait it targets, then drive on; not accepted => not applied."""
-    step = current_step_of(plan, current_step) if current_step else None
-    if step is None or step.kind != "wait" or name not in step.signals:
-        return DriveResult(
-            applied=False, status="WAITING", current_step=current_step, state=state_json
-        )
-    state = state_of(plan, state_json, "STATE_INVALID", step.id)
-    before = plan.state_to_json(state)
-    ctx = _context(facts, step.id, signal_name=name, signal_payload=payload)
-    try:
-        state = plan.apply_signal(step, state, name, payload, ctx)
-    except Exception as exc:
-        if isinstance(exc, WorkflowValidationError) and step.apply is None:
-            # the default merge refused the payload; a wait's own apply is
-            # workflow code, retried like any other
-            raise _refused("PAYLOAD_INVALID", exc, step.id) from exc
-        mark_step(exc, step.id)
-        raise
-    after = plan.state_to_json(state)
-    decisions = [Decision(step.id, "SIGNAL_APPLIED", before, after, {"signal": name})]
-    target = plan.next_after_signal(step, name)
-    if target is None:  # validated plans always name one
-        raise WorkflowDefinitionError(
-            f"wait {step.id!r} has no next step for {name!r}",
-            definition_id=plan.id,
-            step_id=step.id,
-        )
-    return _run(plan, state, target, facts, decisions)
-
-
-def resume(
-    plan: Plan, state_json: dict[str, Any] | None, step_id: str, facts: RunFacts
-) -> DriveResult:
-    """Drive on from ``step_id`` with the stored state (a retry re-driving a failed instance)."""
-    current_step_of(plan, step_id)  # a step the code lost fails as STEP_NOT_IN_PLAN
-    state = state_of(plan, state_json, "STATE_INVALID", step_id)
-    result = _run(plan, state, step_id, facts, [])
-    check_state_size(result, facts.max_state_bytes)
-    return result
-
-
-STEP_NOT_IN_PLAN = "STEP_NOT_IN_PLAN"
+        raise refused_input(code, exc, step_id) from exc
 
 
 def current_step_of(plan: Plan, step_id: str) -> Step:
@@ -213,106 +109,82 @@ def check_state_size(result: DriveResult, limit: int | None) -> None:
     raise exc
 
 
-def drive(
-    plan: Plan,
-    *,
-    kind: str,
-    state_json: dict[str, Any] | None,
-    current_step: str | None,
-    payload: Any,
-    signal_name: str | None,
-    facts: RunFacts,
-) -> DriveResult:
-    """Entry point used by the segment: START or SIGNAL."""
-    if kind == "START":
-        result = start(plan, payload, facts)
-    elif kind == "SIGNAL":
-        assert signal_name is not None
-        result = apply_signal(plan, state_json, current_step, signal_name, payload, facts)
+def drive(plan: Plan, snapshot: Snapshot, event: Event, facts: RunFacts) -> Transition:
+    """The transition ``event`` makes from ``snapshot`` (the segment's one engine call)."""
+    if isinstance(event, Start):
+        state = state_of(plan, event.payload or {}, "PAYLOAD_INVALID", plan.start)
+        result = _run(Run(plan, facts, state, plan.state_to_json(state)), plan.start)
+    elif isinstance(event, Resume):
+        current_step_of(plan, event.step_id)  # a step the code lost fails as STEP_NOT_IN_PLAN
+        state = state_of(plan, snapshot.state, "STATE_INVALID", event.step_id)
+        result = _run(Run(plan, facts, state, plan.state_to_json(state)), event.step_id)
     else:
-        raise WorkflowDefinitionError(
-            f"command kind {kind!r} is not supported by this release", definition_id=plan.id
-        )
+        result = _deliver(plan, snapshot, event, facts)
     check_state_size(result, facts.max_state_bytes)
     return result
 
 
-STEP_ATTRIBUTE = "_vertique_step"
-
-
-def mark_step(exc: BaseException, step_id: str) -> None:
-    """Remember which step raised, so the executor can say where (never what)."""
-    if not hasattr(exc, STEP_ATTRIBUTE):
-        setattr(exc, STEP_ATTRIBUTE, step_id)
-
-
-def _call(step_id: str, callback: Any, state: Any, ctx: StepContext) -> Any:
-    try:
-        return callback(state, ctx)
-    except Exception as exc:
-        mark_step(exc, step_id)
-        raise
-
-
-def _run(
-    plan: Plan, state: Any, step_id: str, facts: RunFacts, decisions: list[Decision]
+def _deliver(
+    plan: Plan, snapshot: Snapshot, event: Signal | TimerFired | Completion, facts: RunFacts
 ) -> DriveResult:
-    # The JSON of the state is taken once per step that runs code (a fresh
-    # copy, so code that mutates the state in place cannot alter the log).
-    before = plan.state_to_json(state)
+    """Offer an event to the step the instance waits at; refused => nothing changes."""
+    step = current_step_of(plan, snapshot.current_step) if snapshot.current_step else None
+    kind = _kind(plan, step) if step is not None else None
+    refusal = (
+        event.refused(snapshot.current_step)
+        if step is None or kind is None or kind.refusal is None
+        else kind.refusal(step, event)
+    )
+    if refusal is not None:
+        return DriveResult(
+            applied=False,
+            status=snapshot.status,
+            current_step=snapshot.current_step,
+            state=snapshot.state,
+            refusal=refusal,
+        )
+    assert step is not None and kind is not None and kind.accept is not None
+    state = state_of(plan, snapshot.state, "STATE_INVALID", step.id)
+    run = Run(plan, facts, state, plan.state_to_json(state))
+    moved = kind.accept(run, step, event)
+    if isinstance(moved, Halt):
+        return _halted(run, step, moved)
+    return _run(run, moved)
+
+
+def _kind(plan: Plan, step: Step) -> StepKind:
+    kind = KINDS.get(step.kind)
+    if kind is None:
+        raise WorkflowDefinitionError(
+            f"step kind {step.kind!r} is not supported by this release",
+            definition_id=plan.id,
+            step_id=step.id,
+        )
+    return kind
+
+
+def _halted(run: Run, step: Step, halt: Halt) -> DriveResult:
+    return DriveResult(
+        True,
+        halt.status,
+        step.id,
+        run.before,
+        run.decisions,
+        error_type=halt.error_type,
+        error_message=halt.error_message,
+        waiting=halt.waiting,
+        effects=run.effects,
+    )
+
+
+def _run(run: Run, step_id: str) -> DriveResult:
+    plan = run.plan
     for _ in range(MAX_STEPS_PER_SEGMENT):
         step = plan.step(step_id)
-        if step.kind == "action":
-            assert step.callback is not None and step.next is not None
-            result = _call(step.id, step.callback, state, _context(facts, step.id))
-            state = state if result is None else result
-            after = plan.state_to_json(state)
-            decisions.append(Decision(step.id, "ACTION_COMPLETED", before, after))
-            before = after
-            step_id = step.next
-        elif step.kind == "decision":
-            assert step.callback is not None
-            chosen = _call(step.id, step.callback, state, _context(facts, step.id))
-            if chosen not in step.targets:
-                # the value chosen is workflow data: it goes to the log only
-                exc = NonRetryable(
-                    "DECISION_TARGET_UNDECLARED",
-                    f"decision {step.id!r} chose {str(chosen)[:64]!r}",
-                )
-                mark_step(exc, step.id)
-                raise exc
-            after = plan.state_to_json(state)  # a decision should not change it; if it did, log it
-            decisions.append(Decision(step.id, "DECISION_TAKEN", before, after, {"chosen": chosen}))
-            before = after
-            step_id = chosen
-        elif step.kind == "wait":
-            decisions.append(
-                Decision(step.id, "WAITING", before, before, {"signals": list(step.signals)})
-            )
-            return DriveResult(
-                True, "WAITING", step.id, before, decisions, waiting=tuple(step.signals)
-            )
-        elif step.kind == "end":
-            decisions.append(Decision(step.id, "COMPLETED", before, before))
-            return DriveResult(True, "COMPLETED", step.id, before, decisions)
-        elif step.kind == "fail":
-            reason = step.reason or "FAILED"
-            decisions.append(Decision(step.id, "FAILED", before, before, {"reason": reason}))
-            return DriveResult(
-                True,
-                "FAILED",
-                step.id,
-                before,
-                decisions,
-                error_type=reason,
-                error_message=f"{reason}: workflow reached fail step {step.id!r}",
-            )
-        else:
-            raise WorkflowDefinitionError(
-                f"step kind {step.kind!r} is not supported by this release",
-                definition_id=plan.id,
-                step_id=step.id,
-            )
+        moved = _kind(plan, step).enter(run, step)
+        if isinstance(moved, Halt):
+            return _halted(run, step, moved)
+        step_id = moved
     exc = NonRetryable(
         "STEP_LIMIT_EXCEEDED", f"ran {MAX_STEPS_PER_SEGMENT} steps without waiting or ending"
     )
@@ -321,15 +193,20 @@ def _run(
 
 
 __all__ = [
+    "STEP_ATTRIBUTE",
     "STEP_NOT_IN_PLAN",
+    "Completion",
     "Decision",
     "DriveResult",
+    "Resume",
     "RunFacts",
-    "apply_signal",
+    "Signal",
+    "Snapshot",
+    "Start",
+    "TimerFired",
+    "Transition",
     "check_state_size",
     "current_step_of",
     "drive",
-    "resume",
-    "start",
     "state_of",
 ]

@@ -29,7 +29,8 @@ from typing import Any
 from .. import context, failures
 from ..definitions import Plan
 from ..engine.decision_log import HistoryEntry
-from ..engine.drive import DriveResult, RunFacts, check_state_size, resume, start
+from ..engine.drive import DriveResult, RunFacts, Snapshot, drive
+from ..engine.events import Resume, Start
 from ..exceptions import NonRetryable, WorkflowConflict
 from ..store import commands, history
 from ..store import definitions as registry
@@ -78,8 +79,7 @@ def run(
             start_row = commands.read_start(row.id)
             payload = start_row[3] if start_row else {}
             with context.bound(command.context):
-                result = start(plan, payload, facts)
-            check_state_size(result, facts.max_state_bytes)
+                result = drive(plan, _snapshot(row), Start(payload), facts)
             fresh_start = True
         elif entry.get("commandId") is not None and resume_status is not None:
             failed_command = int(entry["commandId"])
@@ -87,7 +87,7 @@ def run(
         else:  # failed by a fail step: drive it again
             assert row.current_step_id is not None
             with context.bound(command.context):
-                result = resume(plan, row.state_json, row.current_step_id, facts)
+                result = drive(plan, _snapshot(row), Resume(row.current_step_id), facts)
     entries.insert(
         0,
         HistoryEntry("WORKFLOW_RETRIED", {"commandId": command.id, "wasFailed": failed}),
@@ -113,6 +113,10 @@ def run(
         )
     transition.settle_parked(row, result)
     return "COMPLETED"
+
+
+def _snapshot(row: Any) -> Snapshot:
+    return Snapshot(row.status, row.current_step_id, row.state_json)
 
 
 def _admit(plan: Plan, row: Any) -> None:

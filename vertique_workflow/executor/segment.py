@@ -30,7 +30,8 @@ from .. import context, failures
 from ..conf import workflow_settings
 from ..definitions import Plan, catalog
 from ..engine.decision_log import HistoryEntry
-from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, drive
+from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, Snapshot, drive
+from ..engine.events import Event, Signal, Start
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import DEFAULT_SCOPE, resident_plan
 from ..store import commands, db, history
@@ -336,18 +337,35 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> tuple[str, str 
     )
     if command.kind == "RETRY":
         return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None
-    signal_name = (command.target or {}).get("name") if command.kind == "SIGNAL" else None
-    if signal_name is not None and (
+    event = _event(command)
+    snapshot = Snapshot(row.status, row.current_step_id, row.state_json)
+    if isinstance(event, Signal) and (
         (command.target or {}).get("branchId") or row.status == "FAILED"
     ):
         # a branch-addressed signal waits for a release that runs branches; a
         # signal to a FAILED instance waits for its retry (FAILED is retryable)
         result = DriveResult(
-            applied=False, status=row.status, current_step=row.current_step_id, state=row.state_json
+            applied=False,
+            status=row.status,
+            current_step=row.current_step_id,
+            state=row.state_json,
+            refusal=event.refused(row.current_step_id),
         )
     else:
-        result = _drive(plan, command, row, signal_name, facts)
-    return _settle_segment(claim, loaded, result, signal_name, node_id), result.current_step
+        # an explicit carrier recorded with the command overrides the captured context
+        bound = command.context if command.explicit_carrier is None else command.explicit_carrier
+        with context.bound(bound):
+            result = drive(plan, snapshot, event, facts)
+    return _settle_segment(claim, loaded, result, event, node_id), result.current_step
+
+
+def _event(command: Any) -> Event:
+    """The engine event the fenced command brings."""
+    if command.kind == "START":
+        return Start(command.payload)
+    if command.kind == "SIGNAL":
+        return Signal(str((command.target or {}).get("name")), command.payload)
+    raise WorkflowDefinitionError(f"command kind {command.kind!r} is not supported by this release")
 
 
 def _common(loaded: segment_store.Loaded, node_id: str) -> dict[str, Any]:
@@ -369,33 +387,17 @@ def _common(loaded: segment_store.Loaded, node_id: str) -> dict[str, Any]:
     }
 
 
-def _drive(
-    plan: Plan, command: Any, row: InstanceRow, signal_name: str | None, facts: RunFacts
-) -> DriveResult:
-    # an explicit carrier recorded with the command overrides the captured context
-    bound = command.context if command.explicit_carrier is None else command.explicit_carrier
-    with context.bound(bound):
-        return drive(
-            plan,
-            kind=command.kind,
-            state_json=row.state_json,
-            current_step=row.current_step_id,
-            payload=command.payload,
-            signal_name=signal_name,
-            facts=facts,
-        )
-
-
 def _settle_segment(
     claim: Claimed,
     loaded: segment_store.Loaded,
     result: DriveResult,
-    signal_name: str | None,
+    event: Event,
     node_id: str,
 ) -> str:
     command, row = loaded.command, loaded.instance
     common = _common(loaded, node_id)
     if not result.applied:
+        assert isinstance(event, Signal)
         commands.park(command.id, claim.token)
         history.append(
             row.id,
@@ -404,7 +406,7 @@ def _settle_segment(
                     "SIGNAL_PARKED",
                     {
                         "commandId": command.id,
-                        "signal": str(signal_name)[:255],
+                        "signal": event.name[:255],
                         "step": row.current_step_id,
                     },
                 )
@@ -417,7 +419,7 @@ def _settle_segment(
         command.id,
         claim.token,
         result,
-        entries=_entries(command.kind, row, result, signal_name),
+        entries=_entries(event, row, result),
         common=common,
         subject=command.target if command.kind == "START" else None,
     )
@@ -426,22 +428,19 @@ def _settle_segment(
     return "COMPLETED"
 
 
-def _entries(
-    kind: str, row: InstanceRow, result: DriveResult, signal_name: str | None
-) -> list[HistoryEntry]:
-    entries: list[HistoryEntry] = []
-    if kind == "START":
-        entries.append(
+def _entries(event: Event, row: InstanceRow, result: DriveResult) -> list[HistoryEntry]:
+    if isinstance(event, Start):
+        entries = [
             HistoryEntry(
                 "WORKFLOW_STARTED",
                 {"definitionId": row.definition_id, "version": row.definition_version},
             )
-        )
+        ]
         baseline = True
     else:
         # an instance converted by 0003 logs one baseline at its first
         # segment: transition.logged_entries adds it from the stored state
+        entries = [event.entry()]  # type: ignore[union-attr]
         baseline = False
-        entries.append(HistoryEntry("SIGNAL_APPLIED", {"signal": str(signal_name)[:255]}))
     entries.extend(transition.logged_entries(result, row, baseline_needed=baseline))
     return entries

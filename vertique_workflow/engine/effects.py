@@ -1,0 +1,102 @@
+"""Effects: what a transition asks the segment to write besides the instance.
+
+Plain data, produced by the step kinds (``engine/steps/``) and persisted by
+the segment through ``store/`` in the reference's lock order: timers, then
+tasks, then branch tokens, then the instance, then the command queue. The
+engine never writes anything itself, so a transition can be computed,
+inspected and replayed without a database.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CancelTasks",
+    "CancelTimers",
+    "CompleteTask",
+    "Effect",
+    "FireTimer",
+    "OpenTask",
+    "ScheduleTimer",
+]
+
+
+@dataclass(frozen=True)
+class ScheduleTimer:
+    """Record a timer and its TIMER command (``store.timers.record``).
+
+    ``purpose`` is a ``TimerPurpose`` value (``STEP`` for a timer step,
+    ``SIGNAL_TIMEOUT`` for a wait's timeout); exactly one of ``delay_seconds``
+    (counted from the recording, on the database clock) and ``fire_at`` (an
+    aware instant; a past one counts as now) is set. ``target`` is a
+    TIMEOUT's ``{stepId, signalNames}``.
+    """
+
+    step_id: str
+    purpose: str
+    delay_seconds: float | None = None
+    fire_at: datetime.datetime | None = None
+    target: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CancelTimers:
+    """Cancel the instance's SCHEDULED timers of a step (and their TIMER commands).
+
+    Emitted when a token leaves a step that scheduled timers: a signal that
+    ends a wait cancels its timeout. ``purposes`` narrows the cancellation.
+    """
+
+    step_id: str
+    purposes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FireTimer:
+    """Mark the fired timer FIRED, guarded by ``status = 'SCHEDULED'`` (a row-count check)."""
+
+    timer_id: Any
+
+
+@dataclass(frozen=True)
+class OpenTask:
+    """Open a human task at ``step_id``, with its due and reminder timers.
+
+    The segment gives the task its id, records the DUE and REMINDER timers
+    (``due_seconds``, ``reminder_seconds`` from the opening) and then the
+    task row, in lock order.
+    """
+
+    step_id: str
+    title: str
+    assignee: str | None
+    candidate_users: tuple[str, ...]
+    candidate_groups: tuple[str, ...]
+    decisions: dict[str, Any]
+    due_seconds: float | None = None
+    reminder_seconds: tuple[float, ...] = ()
+    require_version_stability: bool = False
+
+
+@dataclass(frozen=True)
+class CompleteTask:
+    """Complete the task the COMPLETION reserved, and cancel its due and reminder timers."""
+
+    task_id: Any
+    command_id: int | None
+    decision: str
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class CancelTasks:
+    """Close the open tasks of a step (a due date took the on-due path) and their timers."""
+
+    step_id: str
+    task_ids: tuple[Any, ...] = field(default_factory=tuple)
+
+
+Effect = ScheduleTimer | CancelTimers | FireTimer | OpenTask | CompleteTask | CancelTasks

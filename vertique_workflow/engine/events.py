@@ -1,0 +1,120 @@
+"""Events: what a command brings to the engine.
+
+Each command kind becomes one event; the step a token stands at says
+whether it accepts it (``engine/steps/``). An event a step does not accept
+is *refused*, and the event says how its command settles then: a signal is
+parked until a step accepts it, a timer settles STALE (the wait it was set
+for was left), a task completion is REJECTED and its task reopened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .decision_log import HistoryEntry
+
+__all__ = ["Completion", "Event", "Refusal", "Resume", "Signal", "Start", "TimerFired"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How a refused event's command settles: ``PARK``, ``STALE`` or ``REJECT``, and why."""
+
+    disposition: str
+    reason_code: str
+    sentence: str
+
+
+@dataclass(frozen=True)
+class Start:
+    """START: the start payload becomes the first state."""
+
+    payload: Any
+    kind: ClassVar[str] = "START"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """RETRY of a failed instance: drive on from ``step_id`` with the stored state."""
+
+    step_id: str
+    kind: ClassVar[str] = "RETRY"
+
+
+@dataclass(frozen=True)
+class Signal:
+    """SIGNAL ``name`` with its payload (already checked against its schema when recorded)."""
+
+    name: str
+    payload: Any
+    kind: ClassVar[str] = "SIGNAL"
+
+    def refused(self, step_id: str | None) -> Refusal:
+        return Refusal("PARK", "SIGNAL_PARKED", "no step accepts the signal now")
+
+    def entry(self) -> HistoryEntry:
+        return HistoryEntry("SIGNAL_APPLIED", {"signal": self.name[:255]})
+
+
+@dataclass(frozen=True)
+class TimerFired:
+    """TIMER: a timer of ``timer_kind`` (FIRE, TIMEOUT, DUE, REMINDER) reached its time.
+
+    ``scheduled`` is False when the timer row is no longer SCHEDULED (it was
+    cancelled or has fired): such a timer applies nowhere.
+    """
+
+    timer_kind: str
+    timer_id: Any
+    step_id: str | None
+    task_id: Any = None
+    scheduled: bool = True
+    kind: ClassVar[str] = "TIMER"
+
+    def refused(self, step_id: str | None) -> Refusal:
+        return Refusal(
+            "STALE",
+            "TIMER_STALE",
+            f"the {self.timer_kind} timer of step {str(self.step_id)[:64]!r} "
+            "fired after the instance left that step",
+        )
+
+    def entry(self) -> HistoryEntry:
+        return HistoryEntry(
+            "TIMER_FIRED",
+            {"timerId": str(self.timer_id), "timerKind": self.timer_kind, "step": self.step_id},
+        )
+
+
+@dataclass(frozen=True)
+class Completion:
+    """COMPLETION of the human task ``task_id`` with ``decision`` and its payload.
+
+    ``reserved`` is True when the task is COMPLETING under this command's
+    reservation; ``subject_version`` is the version the completing user
+    reviewed (checked when the task requires version stability).
+    """
+
+    task_id: Any
+    step_id: str | None
+    decision: str
+    payload: Any
+    subject_version: Any = None
+    reserved: bool = True
+    kind: ClassVar[str] = "COMPLETION"
+
+    def refused(self, step_id: str | None) -> Refusal:
+        return Refusal(
+            "REJECT",
+            "TASK_NOT_CURRENT",
+            f"the task of step {str(self.step_id)[:64]!r} is not the step the instance waits at",
+        )
+
+    def entry(self) -> HistoryEntry:
+        return HistoryEntry(
+            "TASK_COMPLETED", {"taskId": str(self.task_id), "decision": self.decision[:255]}
+        )
+
+
+Event = Start | Resume | Signal | TimerFired | Completion
