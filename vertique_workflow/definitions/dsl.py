@@ -424,7 +424,7 @@ def _state_callable(
         if isinstance(raw, staticmethod):
             return raw.__func__, f"{cls.__module__}.{cls.__qualname__}.{value}"
         if not inspect.isfunction(raw):
-            raise _class_error(cls, f"step {step!r}: {what} names no method {value!r}")
+            raise _class_error(cls, f"step {step!r}: {what} names no method {value!r}", step)
         return _bind_state(cls, instance, step, raw), f"{cls.__module__}.{cls.__qualname__}.{value}"
     if _is_own_function(cls, value):
         qualified = f"{cls.__module__}.{cls.__qualname__}.{value.__name__}"
