@@ -707,6 +707,24 @@ def test_resolve_people_refuses_bad_returns_naming_the_field_not_the_value(
     assert SECRET not in str(caught.value)
 
 
+def test_subject_version_of_answers_int_or_str_and_refuses_the_rest() -> None:
+    spec = Expenses.plan().steps["review"].task
+    assert spec is not None
+    assert spec.subject_version_of(Expense(1, "m", version=4), ctx()) == 4
+    assert TaskSpec(assignee="a", decisions={"ok": "d"}).subject_version_of({}, ctx()) is None
+    text = TaskSpec(assignee="a", decisions={"ok": "d"}, subject_version=lambda s, c: "v2")
+    assert text.subject_version_of({}, ctx()) == "v2"
+
+    def returning(value: Any) -> Callable[[Any], Any]:
+        return lambda s: value
+
+    for bad in (True, 1.5, [SECRET], None):
+        spec_bad = TaskSpec(assignee="a", decisions={"ok": "d"}, subject_version=returning(bad))
+        with pytest.raises(TypeError) as caught:
+            spec_bad.subject_version_of({}, ctx())
+        assert "subject_version" in str(caught.value) and SECRET not in str(caught.value)
+
+
 # -- Step.timer_fire --------------------------------------------------------
 
 

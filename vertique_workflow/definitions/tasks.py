@@ -287,6 +287,23 @@ class TaskSpec:
             result[name] = entry
         return result
 
+    def subject_version_of(self, state: Any, ctx: Any) -> int | str | None:
+        """The version of the subject under review now, or None without ``subject_version``.
+
+        The engine records it when the task opens and compares it when a
+        completion arrives (``require_version_stability``). Anything but an
+        int or a str (a bool included) raises ``TypeError`` naming the
+        field, never the value.
+        """
+        if self.subject_version is None:
+            return None
+        value = call_with_state(self.subject_version, state, ctx)
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise TypeError(
+                f"subject_version must return an int or a str, not {type(value).__name__}"
+            )
+        return value
+
     # -- completion payloads ------------------------------------------------
 
     @functools.cached_property
