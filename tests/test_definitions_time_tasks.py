@@ -675,6 +675,17 @@ def test_resolve_people_literals_and_callables_of_both_forms() -> None:
     assert resolve_people(nobody, state, ctx()) == (None, [], [])
 
 
+def test_resolve_people_accepts_unhashable_callable_objects() -> None:
+    class Pick:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, state: Any, ctx: Any) -> list[str]:
+            return [ctx.step_id]
+
+    spec = TaskSpec(candidate_groups=Pick(), decisions={"ok": "d"})
+    assert resolve_people(spec, {}, ctx("g")) == (None, [], ["g"])
+
+
 def test_resolve_people_calls_dsl_methods_bound_to_the_workflow() -> None:
     spec = Expenses.plan().steps["review"].task
     assert spec is not None

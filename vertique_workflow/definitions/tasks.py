@@ -46,15 +46,27 @@ def _callable_name(obj: Any) -> str:
     return f"{module}.{qualname}"
 
 
-@functools.lru_cache(maxsize=1024)
 def state_arity(func: Callable[..., Any]) -> int:
     """1 when ``func`` takes ``(state)``, 2 when it takes ``(state, ctx)``.
 
-    Decided from the signature, once per callable. A callable whose
-    signature cannot be read (some builtins) is taken as ``(state)``. A
-    signature fitting neither raises ``TypeError``; validation asks this at
-    build time so the engine never meets such a callable.
+    Decided from the signature, once per (hashable) callable. A callable
+    whose signature cannot be read (some builtins) is taken as ``(state)``.
+    A signature fitting neither raises ``TypeError``; validation asks this
+    at build time so the engine never meets such a callable.
     """
+    try:
+        hash(func)
+    except TypeError:
+        return _arity(func)
+    return _cached_arity(func)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_arity(func: Callable[..., Any]) -> int:
+    return _arity(func)
+
+
+def _arity(func: Callable[..., Any]) -> int:
     try:
         params = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
