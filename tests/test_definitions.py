@@ -569,10 +569,10 @@ def _invalid_cases() -> list[Any]:
             id="fail-without-reason",
         ),
         pytest.param(
-            (a, Step("done", "timer")),  # type: ignore[arg-type]
+            (a, Step("done", "teleport")),  # type: ignore[arg-type]
             {},
             "done",
-            "unknown step kind 'timer'",
+            "unknown step kind 'teleport'",
             id="unknown-kind",
         ),
         pytest.param(

@@ -9,18 +9,35 @@ the first call of ``plan()``, so an abstract base class is never built.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar, cast, get_args, get_origin, overload
 
 from ..exceptions import WorkflowDefinitionError
 from .plan import Plan, Step
 from .retry import Retry, RetryPolicy
+from .tasks import TaskDecision, TaskSpec, decision_to
 
-__all__ = ["Retry", "StepSpec", "Workflow", "action", "decision", "end", "fail", "wait"]
+__all__ = [
+    "Retry",
+    "StepSpec",
+    "TaskDecision",
+    "Workflow",
+    "action",
+    "decision",
+    "decision_to",
+    "end",
+    "fail",
+    "task",
+    "timer",
+    "wait",
+]
+
+Duration = str | datetime.timedelta
 
 S = TypeVar("S")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -50,6 +67,11 @@ class StepSpec:
     reason: str | None = None
     func: Callable[..., Any] | None = None
     retry: RetryPolicy | None = None
+    delay: Duration | None = None
+    until: Callable[..., Any] | str | None = None
+    timeout: Duration | None = None
+    on_timeout: str | None = None
+    task: Mapping[str, Any] | None = None
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None or self.func is None:
@@ -138,6 +160,8 @@ def wait(
     next: str | None = None,
     on: Mapping[str, str] | None = None,
     apply: Callable[..., Any] | str | None = None,
+    timeout: Duration | None = None,
+    on_timeout: str | None = None,
     start: bool = False,
     retry: RetryPolicy | None = None,
 ) -> StepSpec:
@@ -147,11 +171,89 @@ def wait(
     ``(state, signal_name, payload, ctx) -> state``, or the name of a method
     of the class with that signature after ``self``. Without it the payload
     is merged into the state (see ``Plan.apply_signal``). ``retry`` is the
-    policy of ``apply`` when it raises.
+    policy of ``apply`` when it raises. ``timeout`` (``"7d"`` or a
+    ``timedelta``) with ``on_timeout``: when no signal has arrived that long
+    after the wait began, go to ``on_timeout`` instead.
     """
     return StepSpec(
-        "wait", start=start, next=next, signals=signals, on=on, apply=apply, retry=retry
+        "wait",
+        start=start,
+        next=next,
+        signals=signals,
+        on=on,
+        apply=apply,
+        retry=retry,
+        timeout=timeout,
+        on_timeout=on_timeout,
     )
+
+
+def timer(
+    duration: Duration | None = None,
+    /,
+    *,
+    until: Callable[..., Any] | str | None = None,
+    next: str | None = None,
+    start: bool = False,
+    retry: RetryPolicy | None = None,
+) -> StepSpec:
+    """Wait a duration (``timer("90s", next=...)``) or until an instant, then go to ``next``.
+
+    ``until`` computes the instant from the state: a callable ``(state)`` or
+    ``(state, ctx)``, or the name of a method of the class taking the same
+    after ``self``, returning an aware ``datetime`` or an ISO-8601 string
+    with an offset. Give exactly one of the two. ``retry`` is the policy of
+    ``until`` when it raises.
+    """
+    return StepSpec("timer", start=start, next=next, delay=duration, until=until, retry=retry)
+
+
+def task(
+    *,
+    decisions: Mapping[str, str | TaskDecision],
+    title: str | None = None,
+    assignee: str | Callable[..., Any] | None = None,
+    candidate_users: Iterable[str] | Callable[..., Any] | None = None,
+    candidate_groups: Iterable[str] | Callable[..., Any] | None = None,
+    due: Duration | None = None,
+    on_due: str | None = None,
+    reminders: Iterable[Duration] = (),
+    require_version_stability: bool = False,
+    subject_version: Callable[..., Any] | str | None = None,
+    start: bool = False,
+    retry: RetryPolicy | None = None,
+) -> StepSpec:
+    """Open a human task and wait for one of its ``decisions``.
+
+    ``decisions`` maps each decision name to the step it leads to, or to
+    ``decision_to(step, schema={...})`` / ``TaskDecision(step, schema=...)``
+    when its payload has a JSON Schema. ``assignee`` (a user name),
+    ``candidate_users`` and ``candidate_groups`` (Django auth user and group
+    names) say who may complete it; each may be a callable of the state
+    (``(state)`` or ``(state, ctx)``), or a method of the class given by
+    reference (``assignee=manager_of``). At least one of the three.
+    ``due`` with ``on_due``: where the workflow goes when the task is still
+    open after that long. ``reminders``: delays after which a reminder is
+    recorded (the task stays open), each before ``due``.
+    ``require_version_stability=True`` with ``subject_version`` (a callable
+    or the name of a method, returning the reviewed subject's version)
+    rejects a completion made against another version. ``title`` defaults
+    to the step's name. ``retry`` is the policy of the callables when they
+    raise.
+    """
+    options: dict[str, Any] = {
+        "title": title,
+        "assignee": assignee,
+        "candidate_users": candidate_users,
+        "candidate_groups": candidate_groups,
+        "decisions": decisions,
+        "due": due,
+        "on_due": on_due,
+        "reminders": reminders,
+        "require_version_stability": require_version_stability,
+        "subject_version": subject_version,
+    }
+    return StepSpec("task", start=start, task=options, retry=retry)
 
 
 def end(*, start: bool = False) -> StepSpec:
@@ -201,11 +303,12 @@ class Workflow(Generic[S]):
         return cast(Plan, cached)
 
 
-def _class_error(cls: type, rule: str) -> WorkflowDefinitionError:
+def _class_error(cls: type, rule: str, step_id: str | None = None) -> WorkflowDefinitionError:
     definition_id = getattr(cls, "id", None)
     return WorkflowDefinitionError(
         f"workflow class {cls.__qualname__} ({definition_id!r}): {rule}",
         definition_id=definition_id if isinstance(definition_id, str) else None,
+        step_id=step_id,
     )
 
 
@@ -278,7 +381,82 @@ def _bind(cls: type, instance: object, name: str, func: Callable[..., Any]) -> C
     return callback
 
 
+def _bind_state(
+    cls: type, instance: object, name: str, func: Callable[..., Any]
+) -> Callable[..., Any]:
+    """A method ``(self, state[, ctx])`` as a ``(state, ctx)`` callable.
+
+    Not ``functools.wraps``-ed: its own signature ``(state, ctx)`` is the
+    one ``state_arity`` must read.
+    """
+    if _takes_ctx(cls, name, func):
+
+        def call(state: Any, ctx: Any) -> Any:
+            return func(instance, state, ctx)
+
+    else:
+
+        def call(state: Any, ctx: Any) -> Any:
+            return func(instance, state)
+
+    return call
+
+
+def _is_own_function(cls: type, value: Any) -> bool:
+    """Whether ``value`` is a plain function of the class body (``assignee=manager_of``)."""
+    if not inspect.isfunction(value):
+        return False
+    return any(vars(klass).get(value.__name__) is value for klass in cls.__mro__)
+
+
+def _state_callable(
+    cls: type, instance: object, step: str, what: str, value: Any, *, by_name: bool
+) -> tuple[Any, str | None]:
+    """Resolve a state callable of the DSL: ``(callable or literal, hashed name or None)``.
+
+    A method of the class -- named by a string when ``by_name``, or given
+    by reference -- is bound to ``instance`` and named
+    ``module.Class.method``; a lambda or function is kept (its own name is
+    hashed); anything else is returned as is for validation to judge.
+    """
+    if isinstance(value, str) and by_name:
+        raw = inspect.getattr_static(cls, value, None)
+        if isinstance(raw, staticmethod):
+            return raw.__func__, f"{cls.__module__}.{cls.__qualname__}.{value}"
+        if not inspect.isfunction(raw):
+            raise _class_error(cls, f"step {step!r}: {what} names no method {value!r}", step)
+        return _bind_state(cls, instance, step, raw), f"{cls.__module__}.{cls.__qualname__}.{value}"
+    if _is_own_function(cls, value):
+        qualified = f"{cls.__module__}.{cls.__qualname__}.{value.__name__}"
+        return _bind_state(cls, instance, step, value), qualified
+    return value, None
+
+
+def _compile_task(cls: type, instance: object, name: str, options: Mapping[str, Any]) -> TaskSpec:
+    fields = dict(options)
+    for what in ("assignee", "candidate_users", "candidate_groups", "subject_version"):
+        value, qualified = _state_callable(
+            cls, instance, name, what, fields[what], by_name=what == "subject_version"
+        )
+        fields[what] = value
+        fields[f"{what}_name"] = qualified
+    try:
+        return TaskSpec(**fields)
+    except WorkflowDefinitionError as exc:
+        raise _class_error(cls, f"step {name!r}: {exc}", name) from None
+
+
 def _compile(cls: type, instance: object, name: str, spec: StepSpec) -> Step:
+    try:
+        return _compile_step(cls, instance, name, spec)
+    except WorkflowDefinitionError as exc:
+        if str(exc).startswith("workflow class"):
+            raise
+        # A Step's own refusal ("step 'x': delay: ...") gains the class and workflow.
+        raise _class_error(cls, str(exc), name) from None
+
+
+def _compile_step(cls: type, instance: object, name: str, spec: StepSpec) -> Step:
     qualified = f"{cls.__module__}.{cls.__qualname__}.{name}"
     if spec.kind in ("action", "decision"):
         assert spec.func is not None
@@ -308,6 +486,24 @@ def _compile(cls: type, instance: object, name: str, spec: StepSpec) -> Step:
             apply=apply,
             apply_name=apply_name,
             retry=spec.retry,
+            timeout=spec.timeout,  # type: ignore[arg-type]  # parsed by Step
+            on_timeout=spec.on_timeout,
+        )
+    if spec.kind == "timer":
+        until, until_name = _state_callable(cls, instance, name, "until", spec.until, by_name=True)
+        return Step(
+            name,
+            "timer",
+            next=spec.next,
+            delay=spec.delay,  # type: ignore[arg-type]  # parsed by Step
+            until=until,
+            until_name=until_name,
+            retry=spec.retry,
+        )
+    if spec.kind == "task":
+        assert spec.task is not None
+        return Step(
+            name, "task", task=_compile_task(cls, instance, name, spec.task), retry=spec.retry
         )
     return Step(name, spec.kind, reason=spec.reason)  # type: ignore[arg-type]
 

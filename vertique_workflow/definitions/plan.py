@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import hashlib
 import importlib
 import json
@@ -21,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..exceptions import WorkflowDefinitionError, WorkflowValidationError
 from ..payloads import json_copy
+from .durations import parse_duration
 from .retry import RetryPolicy
+from .tasks import TaskSpec, call_with_state
 
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
@@ -32,14 +35,18 @@ __all__ = [
     "Plan",
     "Step",
     "StepKind",
+    "TimerFire",
     "callable_name",
     "resolve_class_name",
 ]
 
-StepKind = Literal["action", "decision", "wait", "end", "fail"]
+StepKind = Literal["action", "decision", "wait", "timer", "task", "end", "fail"]
 STEP_KINDS: frozenset[str] = frozenset(get_args(StepKind))
 
 _MAX_NAMES_IN_MESSAGE = 5
+
+#: What ``Step.timer_fire`` answers: ``("delay", seconds)`` or ``("at", aware datetime)``.
+TimerFire = tuple[Literal["delay"], int] | tuple[Literal["at"], datetime.datetime]
 
 
 def callable_name(obj: Any) -> str:
@@ -116,10 +123,15 @@ class Step:
     ``decision``: ``callback(state, ctx) -> step id``, one of ``targets``.
     ``wait``: stops until one of ``signals`` arrives; ``apply`` (or the
     default merge) folds the payload into the state, then ``on_signal[name]``
-    or ``next``. ``end`` completes; ``fail`` fails with ``reason``.
+    or ``next``; with ``timeout`` it also schedules a TIMEOUT timer leading
+    to ``on_timeout``. ``timer``: waits ``delay``, or until the instant
+    ``until(state[, ctx])`` returns, then ``next``. ``task``: opens the human
+    task ``task`` (a ``TaskSpec``) and waits for one of its decisions.
+    ``end`` completes; ``fail`` fails with ``reason``.
 
-    ``callback_name``/``apply_name`` default to the callable's
-    ``module.qualname``; the plan hash covers these names, not the code.
+    ``callback_name``/``apply_name``/``until_name`` default to the
+    callable's ``module.qualname``; the plan hash covers these names, not
+    the code. Durations are ``timedelta``s (readable strings are parsed).
     """
 
     id: str
@@ -134,9 +146,28 @@ class Step:
     apply_name: str | None = None
     reason: str | None = None
     retry: RetryPolicy | None = None
+    delay: datetime.timedelta | None = None
+    until: Callable[..., Any] | None = None
+    until_name: str | None = None
+    timeout: datetime.timedelta | None = None
+    on_timeout: str | None = None
+    task: TaskSpec | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
+        for name in ("delay", "timeout"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    put(self, name, parse_duration(value))
+                except WorkflowDefinitionError as exc:
+                    raise WorkflowDefinitionError(
+                        f"step {self.id!r}: {name}: {exc}", step_id=self.id
+                    ) from None
+        if self.until is not None and self.until_name is None:
+            put(self, "until_name", callable_name(self.until))
+        if isinstance(self.task, TaskSpec) and self.task.title is None:
+            put(self, "task", dataclasses.replace(self.task, title=self.id))
         put(self, "targets", _names(self.targets, "targets", self.id))
         put(self, "signals", _names(self.signals, "signals", self.id))
         try:
@@ -175,7 +206,51 @@ class Step:
             data["reason"] = self.reason
         if self.retry is not None and self.retry.canonical():
             data["retry"] = self.retry.canonical()
+        if self.delay is not None:
+            data["delay"] = int(self.delay.total_seconds())
+        if self.until_name is not None:
+            data["until_name"] = self.until_name
+        if self.timeout is not None:
+            data["timeout"] = int(self.timeout.total_seconds())
+        if self.on_timeout is not None:
+            data["on_timeout"] = self.on_timeout
+        if self.task is not None:
+            data["task"] = self.task.canonical()
         return data
+
+    def timer_fire(self, state: Any, ctx: Any) -> TimerFire:
+        """When a timer step entered now fires: ``("delay", seconds)`` or ``("at", instant)``.
+
+        A ``delay`` counts from the recording of the timer (the store reads
+        the database clock); an ``until`` callable is called with the state
+        (and ``ctx`` when it takes it) and must return an aware ``datetime``
+        or an ISO-8601 string with an offset, answered in UTC. A naive
+        datetime, a string without an offset or anything else raises
+        ``TypeError`` naming the step, never the value. An instant in the
+        past is returned as is: the store takes it as now.
+        """
+        if self.kind != "timer":
+            raise TypeError(f"step {self.id!r} is a {self.kind} step, not a timer")
+        if self.delay is not None:
+            return ("delay", int(self.delay.total_seconds()))
+        assert self.until is not None, "validation requires delay or until"
+        value = call_with_state(self.until, state, ctx)
+        what = f"until of timer step {self.id!r}"
+        if isinstance(value, str):
+            try:
+                value = datetime.datetime.fromisoformat(value)
+            except ValueError:
+                raise TypeError(
+                    f"{what} returned a string that is not an ISO-8601 instant"
+                ) from None
+        elif not isinstance(value, datetime.datetime):
+            raise TypeError(
+                f"{what} must return an aware datetime or an ISO-8601 string, "
+                f"not {type(value).__name__}"
+            )
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise TypeError(f"{what} returned an instant without a time zone offset")
+        return ("at", value.astimezone(datetime.UTC))
 
 
 def _name_list(names: Iterable[str]) -> str:

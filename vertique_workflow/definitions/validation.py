@@ -8,6 +8,7 @@ time. Rules are checked in a fixed order and the first one broken is raised.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..exceptions import WorkflowDefinitionError
 from .plan import STEP_KINDS, Step
+from .tasks import MAX_PERSON_NAME_LENGTH, TaskDecision, TaskSpec, state_arity
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -30,7 +32,9 @@ MAX_REASON_LENGTH = 128  # a fail reason is stored as error_type VARCHAR(128)
 _ALLOWED_FIELDS: dict[str, frozenset[str]] = {
     "action": frozenset({"next", "callback", "retry"}),
     "decision": frozenset({"callback", "targets", "retry"}),
-    "wait": frozenset({"next", "signals", "on_signal", "apply", "retry"}),
+    "wait": frozenset({"next", "signals", "on_signal", "apply", "retry", "timeout", "on_timeout"}),
+    "timer": frozenset({"next", "delay", "until", "retry"}),
+    "task": frozenset({"task", "retry"}),
     "end": frozenset(),
     "fail": frozenset({"reason"}),
 }
@@ -43,6 +47,11 @@ _OPTIONAL_FIELDS = (
     "apply",
     "reason",
     "retry",
+    "delay",
+    "until",
+    "timeout",
+    "on_timeout",
+    "task",
 )
 
 
@@ -106,23 +115,25 @@ def _check_header(plan: Plan) -> None:
         _fail(plan, None, f"the state type name must be {_NAME_RULE}")
 
 
-def _check_schema(plan: Plan, schema: Any, what: str) -> None:
+def _check_schema(plan: Plan, schema: Any, what: str, step_id: str | None = None) -> None:
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
     if schema is None:
         return
     if not isinstance(schema, dict):
-        _fail(plan, None, f"{what} must be a JSON Schema object or None")
+        _fail(plan, step_id, f"{what} must be a JSON Schema object or None")
     try:
         json.dumps(schema, allow_nan=False)
     except (TypeError, ValueError):
-        _fail(plan, None, f"{what} is not JSON")
+        _fail(plan, step_id, f"{what} is not JSON")
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         path = "/".join(str(part) for part in exc.path) or "(root)"
-        _fail(plan, None, f"{what} is not a valid JSON Schema: {exc.validator!r} fails at {path}")
+        _fail(
+            plan, step_id, f"{what} is not a valid JSON Schema: {exc.validator!r} fails at {path}"
+        )
 
 
 def _check_schemas(plan: Plan) -> None:
@@ -158,6 +169,15 @@ def _transitions(step: Step) -> Iterator[tuple[str, Any]]:
         yield "targets", target
     for signal, target in step.on_signal.items():
         yield f"on_signal[{signal!r}]", target
+    if step.on_timeout is not None:
+        yield "on_timeout", step.on_timeout
+    task = step.task
+    if isinstance(task, TaskSpec):
+        for name, decision in task.decisions.items():
+            if isinstance(decision, TaskDecision):
+                yield f"decision {name!r}", decision.next
+        if task.on_due is not None:
+            yield "on_due", task.on_due
 
 
 def _check_action(plan: Plan, step: Step) -> None:
@@ -193,6 +213,109 @@ def _check_wait(plan: Plan, step: Step) -> None:
             _fail(plan, step.id, f"on_signal names signal {signal!r} the step does not wait for")
     if step.apply is not None and not callable(step.apply):
         _fail(plan, step.id, "apply is not callable")
+    if (step.timeout is None) != (step.on_timeout is None):
+        _fail(plan, step.id, "timeout and on_timeout go together: give both or neither")
+    _check_seconds(plan, step, step.timeout, "timeout")
+
+
+def _check_seconds(plan: Plan, step: Step, value: Any, what: str) -> None:
+    """Durations are stored and hashed as whole seconds: refuse what that would round."""
+    if value is None:
+        return
+    if not isinstance(value, datetime.timedelta) or value <= datetime.timedelta(0):
+        _fail(plan, step.id, f"{what} must be a positive duration")
+    if value % datetime.timedelta(seconds=1):
+        _fail(plan, step.id, f"{what} must be a whole number of seconds")
+
+
+def _check_state_callable(plan: Plan, step: Step, func: Any, what: str) -> None:
+    if not callable(func):
+        _fail(plan, step.id, f"{what} is not callable")
+    try:
+        state_arity(func)
+    except TypeError:
+        _fail(plan, step.id, f"{what} must take (state) or (state, ctx)")
+
+
+def _check_timer(plan: Plan, step: Step) -> None:
+    if (step.delay is None) == (step.until is None):
+        _fail(plan, step.id, "a timer needs exactly one of a duration or until")
+    if step.next is None:
+        _fail(plan, step.id, "a timer needs next: timers must say where they go")
+    _check_seconds(plan, step, step.delay, "the timer's duration")
+    if step.until is not None:
+        _check_state_callable(plan, step, step.until, "until")
+        if not step.until_name:
+            _fail(plan, step.id, "until needs a name")
+
+
+def _is_person(value: Any) -> bool:
+    return _is_name(value) and len(value) <= MAX_PERSON_NAME_LENGTH
+
+
+def _check_people(plan: Plan, step: Step, task: TaskSpec) -> None:
+    if task.assignee is None and not task.candidate_users and not task.candidate_groups:
+        _fail(
+            plan,
+            step.id,
+            "a task needs an assignee, candidate_users or candidate_groups",
+        )
+    if task.assignee is not None:
+        if callable(task.assignee):
+            _check_state_callable(plan, step, task.assignee, "assignee")
+        elif not _is_person(task.assignee):
+            _fail(plan, step.id, f"assignee must be a user name, {_NAME_RULE}, or a callable")
+    for what in ("candidate_users", "candidate_groups"):
+        value = getattr(task, what)
+        if callable(value):
+            _check_state_callable(plan, step, value, what)
+        elif value is not None:
+            if not all(_is_person(name) for name in value):
+                _fail(plan, step.id, f"each of {what} must be a name, {_NAME_RULE}")
+            if len(set(value)) != len(value):
+                _fail(plan, step.id, f"{what} names someone twice")
+
+
+def _check_task(plan: Plan, step: Step) -> None:
+    task = step.task
+    if not isinstance(task, TaskSpec):
+        _fail(plan, step.id, "a task step needs a task built with task(...) or TaskSpec(...)")
+    if not _is_name(task.title):
+        _fail(plan, step.id, f"the task title must be {_NAME_RULE}")
+    _check_people(plan, step, task)
+    if not task.decisions:
+        _fail(plan, step.id, "a task needs at least one decision")
+    for name, decision in task.decisions.items():
+        if not _is_name(name):
+            _fail(plan, step.id, f"decision name {str(name)[:64]!r} must be {_NAME_RULE}")
+        if not isinstance(decision, TaskDecision):
+            _fail(plan, step.id, f"decision {name!r} must be a step id or a TaskDecision(...)")
+        _check_schema(plan, decision.schema, f"payload schema of decision {name!r}", step.id)
+    if (task.due is None) != (task.on_due is None):
+        _fail(plan, step.id, "due and on_due go together: give both or neither")
+    _check_seconds(plan, step, task.due, "due")
+    for index, reminder in enumerate(task.reminders):
+        _check_seconds(plan, step, reminder, f"reminder {index + 1}")
+        if task.due is not None and reminder >= task.due:
+            _fail(
+                plan,
+                step.id,
+                f"reminder {index + 1} must come before the due date: a reminder at or "
+                "after due would fire on a task the due date has already moved on",
+            )
+    if len(set(task.reminders)) != len(task.reminders):
+        _fail(plan, step.id, "a task declares the same reminder twice")
+    if not isinstance(task.require_version_stability, bool):
+        _fail(plan, step.id, "require_version_stability must be True or False")
+    if task.subject_version is not None:
+        _check_state_callable(plan, step, task.subject_version, "subject_version")
+    elif task.require_version_stability:
+        _fail(
+            plan,
+            step.id,
+            "require_version_stability needs subject_version: a callable of the state "
+            "returning the version of the subject under review",
+        )
 
 
 def _check_end(plan: Plan, step: Step) -> None:
@@ -213,6 +336,8 @@ _KIND_CHECKS = {
     "action": _check_action,
     "decision": _check_decision,
     "wait": _check_wait,
+    "timer": _check_timer,
+    "task": _check_task,
     "end": _check_end,
     "fail": _check_fail,
 }
