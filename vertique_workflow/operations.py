@@ -955,9 +955,15 @@ def can_complete(user: Any, task: Any) -> bool:
         return True
     if name in task.candidate_users:
         return True
-    if task.candidate_groups and user.groups.filter(name__in=task.candidate_groups).exists():
+    groups = getattr(user, "groups", None)  # a custom user model may have none
+    if (
+        task.candidate_groups
+        and groups is not None
+        and groups.filter(name__in=task.candidate_groups).exists()
+    ):
         return True
-    return bool(user.has_perm(TASK_PERMISSION))
+    has_perm = getattr(user, "has_perm", None)
+    return bool(has_perm is not None and has_perm(TASK_PERMISSION))
 
 
 __all__ = [

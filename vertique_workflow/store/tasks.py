@@ -14,6 +14,12 @@ when the decision has one, and ``position`` (written by :func:`insert_open`)
 keeps the declaration order, which jsonb does not.
 Statements run in the caller's transaction; writers hold the execution lock
 (lock order: timers, tasks, branch tokens, instances, queues).
+
+A reservation is settled with its command wherever a COMPLETION settles
+without running: a claim that finds the instance ended and the settlement of
+an ended instance's dead letters cancel the task (``store.commands``). A dead
+or FAILED completion keeps its task COMPLETING: ``retry`` offers that same
+command again, and ``cancel()`` cancels COMPLETING tasks.
 """
 
 from __future__ import annotations
