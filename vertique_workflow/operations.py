@@ -1,4 +1,4 @@
-"""The record side: start, signal, cancel, retry and get.
+"""The record side: start, signal, cancel, retry, get, and the human-task operations.
 
 Each operation runs in ``transaction.atomic()`` on the workflow database, so
 it joins the caller's transaction: the workflow rows commit or roll back with
@@ -21,9 +21,12 @@ from . import context, failures, payloads
 from .conf import workflow_settings
 from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
+from .pins import _check_schema as check_schema
 from .pins import resolve_start_pin, signal_schema_source
 from .store import commands, db, dedup, history, instances
 from .store import definitions as registry
+from .store import tasks as tasks_store
+from .store import timers as timers_store
 
 DEFAULT_SCOPE = "default"
 KEY_MAX = 255
@@ -348,6 +351,9 @@ def _replayed_signal(
 def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None) -> bool:
     """Cancel an instance and every open command of it; False when it had already ended.
 
+    Its SCHEDULED timers (with their TIMER commands) and its OPEN and
+    COMPLETING tasks are cancelled in the same transaction.
+
     Runs under the execution lock, so it waits for a running segment and the
     segment that comes after it finds the instance cancelled.
     """
@@ -363,8 +369,13 @@ def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None)
             if row.ended:
                 return False
             message = commands.error_text("CANCELLED", reason)
+            # the lock order: timers (with their commands), tasks, instances, queues
+            cancelled: list[dict[str, Any]] = []
+            timers_store.cancel_all_for_instance(workflow_id, cancelled_commands=cancelled)
+            tasks_store.cancel_open(workflow_id)
             instances.mark_cancelled(workflow_id, message)
-            cancelled = commands.cancel_all(workflow_id)
+            cancelled.extend(commands.cancel_all(workflow_id))
+            cancelled.sort(key=lambda c: c["id"])
             entries = [
                 HistoryEntry(
                     "COMMAND_CANCELLED",
@@ -373,7 +384,7 @@ def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None)
                         "seq": c["seq"],
                         "kind": c["kind"],
                         **(
-                            {"signal": str((c["target"] or {}).get("name", ""))[:255]}
+                            {"signal": str((c.get("target") or {}).get("name", ""))[:255]}
                             if c["kind"] == "SIGNAL"
                             else {}
                         ),
@@ -540,17 +551,441 @@ def state_at(instance_id: Any, sequence: int) -> Any:
         raise WorkflowNotFound("no decision log reaches that history entry") from None
 
 
+# -- human tasks (record side) ---------------------------------------------
+
+TASK_COMPLETION = "TASK_COMPLETION"
+TASK_REASSIGNMENT = "TASK_REASSIGNMENT"
+TASK_PERMISSION = "vertique_workflow.change_workflowtask"
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """A read of a human task for views, the admin and ``can_complete``.
+
+    ``decisions`` lists the declared decision names; ``reservation_command_id``
+    is the COMPLETION command of a COMPLETING task.
+    """
+
+    id: uuid.UUID
+    instance_id: uuid.UUID
+    step_id: str
+    name: str
+    status: str
+    assignee: str | None
+    candidate_users: tuple[str, ...]
+    candidate_groups: tuple[str, ...]
+    decisions: tuple[str, ...]
+    decision: str | None
+    result: Any
+    due_at: Any
+    scope: str
+    definition_id: str | None
+    version: int
+    reservation_command_id: int | None
+    created_at: Any
+    updated_at: Any
+    completed_at: Any
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of ``tasks()``; pass ``next_cursor`` back for the next (None: last page)."""
+
+    items: list[TaskView]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class TaskCompletionReceipt:
+    """What ``complete_task`` returns: the COMPLETION command, or the earlier one for a replay.
+
+    The task is COMPLETING once this commits; the executor's segment completes
+    it and moves the workflow on, or rejects the command and reopens the task.
+    """
+
+    task_id: uuid.UUID
+    instance_id: uuid.UUID
+    decision: str
+    command_id: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class TaskReassignment:
+    """What ``reassign_task`` returns (``duplicate``: a replay of an earlier call)."""
+
+    task_id: uuid.UUID
+    instance_id: uuid.UUID
+    previous_assignee: str | None
+    assignee: str | None
+    duplicate: bool
+
+
+def _task_uuid(value: Any) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise WorkflowNotFound("no task with that id") from None
+
+
+def _task_view(row: tasks_store.TaskRow) -> TaskView:
+    return TaskView(
+        id=row.id,
+        instance_id=row.workflow_id,
+        step_id=row.step_id,
+        name=row.name,
+        status=row.status,
+        assignee=row.assignee,
+        candidate_users=row.candidate_users,
+        candidate_groups=row.candidate_groups,
+        decisions=tasks_store.decision_names(row.decisions_snapshot),
+        decision=row.decision,
+        result=row.result,
+        due_at=row.due_at,
+        scope=row.scope_key,
+        definition_id=row.definition_id,
+        version=row.version,
+        reservation_command_id=row.reservation_command_id,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        completed_at=row.completed_at,
+    )
+
+
+def get_task(task_id: Any) -> TaskView:
+    """The current row of a human task (``WorkflowNotFound`` when absent)."""
+    row = tasks_store.get(_task_uuid(task_id))
+    if row is None:
+        raise WorkflowNotFound("no task with that id")
+    return _task_view(row)
+
+
+def _refuse_task_state(row: tasks_store.TaskRow, what: str) -> None:
+    if row.status == "COMPLETING":
+        raise WorkflowConflict(f"the task is being completed; {what} refused")
+    if row.status != "OPEN":
+        raise WorkflowConflict(f"the task is {row.status}; {what} refused")
+    if row.instance_status is not None and row.instance_status in instances.ENDED:
+        raise WorkflowConflict(f"the instance has ended ({row.instance_status}); {what} refused")
+
+
+def _check_decision(row: tasks_store.TaskRow, decision: str, payload: Any) -> None:
+    declared = row.decisions_snapshot
+    if decision not in declared:
+        allowed = ", ".join(sorted(declared)) or "none"
+        raise WorkflowValidationError(
+            f"task {row.name[:64]!r} declares no decision {decision[:64]!r} (allowed: {allowed})"
+        )
+    schema = (declared.get(decision) or {}).get("payloadSchema")
+    if schema is not None:
+        check_schema(schema, payload, f"payload of decision {decision!r}")
+
+
+def complete_task(
+    task_id: Any,
+    decision: str,
+    payload: Any = None,
+    *,
+    idempotency_key: str,
+    actor: context.Actor | None = None,
+    subject_version: int | None = None,
+) -> TaskCompletionReceipt:
+    """Record the completion of a human task (the first of its two transactions).
+
+    Joins the caller's transaction. Under the instance's execution lock it
+    writes the dedup row, the COMPLETION command (decision, reviewed
+    ``subject_version`` and actor in its target) and the OPEN -> COMPLETING
+    reservation; the executor's segment then completes the task and moves
+    the workflow on, or rejects the command and reopens the task.
+
+    A committed ``idempotency_key`` (per task) answers its earlier receipt
+    (``duplicate=True``) before any other check, whatever the decision and
+    payload. The same key used by a concurrent call with another decision
+    or payload, not yet committed when this call began, raises
+    ``WorkflowConflict``; with the same ones it answers the other call's
+    receipt. Refusals write nothing: ``WorkflowNotFound`` for an unknown task;
+    ``WorkflowValidationError`` for an undeclared decision (the message lists
+    the declared ones) or a payload failing the decision's schema (path and
+    rule, never the value); ``WorkflowConflict`` for a task that is being
+    completed (COMPLETING), completed or cancelled, or whose instance ended.
+    Two users completing one task concurrently: one wins, the other gets
+    ``WorkflowConflict``.
+    """
+    tid = _task_uuid(task_id)
+    _require_key(decision, "decision")
+    _require_key(idempotency_key, "idempotency_key")
+    if subject_version is not None and (
+        not isinstance(subject_version, int) or isinstance(subject_version, bool)
+    ):
+        raise WorkflowValidationError("subject_version must be an integer")
+    namespace = str(tid)
+    earlier = dedup.find(TASK_COMPLETION, DEFAULT_SCOPE, namespace, idempotency_key)
+    if earlier is not None:
+        return _replayed_completion(earlier, tid, None)
+    _require_payload(payload, "the decision payload")
+    fingerprint = _fingerprint(decision=decision, payload=payload, subject_version=subject_version)
+    row = tasks_store.get(tid)
+    if row is None:
+        raise WorkflowNotFound("no task with that id")
+    stored = context.stored_actor(actor)
+    target = {
+        "decision": decision,
+        "subjectVersion": subject_version,
+        "actor": None if actor is None else {"kind": stored.kind, "id": stored.id},
+    }
+    try:
+        with _atomic():
+            commands.lock_instance(row.workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
+            # a racer of the same key that committed while we waited for the lock
+            raced = dedup.find(TASK_COMPLETION, DEFAULT_SCOPE, namespace, idempotency_key)
+            if raced is not None:
+                raise _LostKeyRace
+            locked = tasks_store.get(tid, lock=True)
+            if locked is None:
+                raise WorkflowNotFound("no task with that id")
+            _refuse_task_state(locked, "completion")
+            _check_decision(locked, decision, payload)
+            command_id, _ = commands.insert(
+                locked.workflow_id,
+                "COMPLETION",
+                payload=payload,
+                dedup_key=idempotency_key,
+                target=target,
+                context=context.capture(),
+                actor=stored,
+                task_id=tid,
+            )
+            # the key after the command (its id is the stored result); a lost
+            # race rolls both back (the savepoint)
+            if not dedup.claim(
+                TASK_COMPLETION,
+                DEFAULT_SCOPE,
+                namespace,
+                idempotency_key,
+                locked.workflow_id,
+                fingerprint,
+                {"decision": decision, "commandId": command_id},
+            ):
+                raise _LostKeyRace
+            if not tasks_store.reserve(tid, command_id):
+                raise WorkflowConflict("the task is being completed; completion refused")
+    except _LostKeyRace:
+        earlier = dedup.find(TASK_COMPLETION, DEFAULT_SCOPE, namespace, idempotency_key)
+        assert earlier is not None
+        return _replayed_completion(earlier, tid, fingerprint)
+    except DatabaseError as exc:
+        raise db.translate(exc, "complete_task") from None
+    return TaskCompletionReceipt(tid, locked.workflow_id, decision, command_id, duplicate=False)
+
+
+def _replayed_completion(
+    earlier: tuple[Any, str, Any], task_id: uuid.UUID, fingerprint: str | None
+) -> TaskCompletionReceipt:
+    """A committed key answers its receipt; a racer's (``fingerprint`` given) must match it."""
+    workflow_id, stored, result = earlier
+    if fingerprint is not None and stored != fingerprint:
+        raise WorkflowConflict("idempotency key already used for a different completion")
+    result = db.load_json(result) or {}
+    return TaskCompletionReceipt(
+        task_id,
+        workflow_id,
+        str(result.get("decision", "")),
+        int(result.get("commandId", 0)),
+        duplicate=True,
+    )
+
+
+def reassign_task(
+    task_id: Any,
+    *,
+    assignee: str | None,
+    idempotency_key: str,
+    actor: context.Actor | None = None,
+) -> TaskReassignment:
+    """Give an OPEN task another assignee (None: nobody), with a TASK_REASSIGNED entry.
+
+    Joins the caller's transaction and runs under the instance's execution
+    lock. The same ``idempotency_key`` (per task) with the same assignee
+    answers the earlier result (``duplicate=True``); with another assignee it
+    raises ``WorkflowConflict``. A task that is being completed (COMPLETING),
+    completed or cancelled, or whose instance ended, raises
+    ``WorkflowConflict``; an unknown task ``WorkflowNotFound``. Refusals
+    write nothing.
+    """
+    tid = _task_uuid(task_id)
+    if assignee is not None:
+        _require_key(assignee, "assignee")
+    _require_key(idempotency_key, "idempotency_key")
+    namespace = str(tid)
+    fingerprint = _fingerprint(assignee=assignee)
+    earlier = dedup.find(TASK_REASSIGNMENT, DEFAULT_SCOPE, namespace, idempotency_key)
+    if earlier is not None:
+        return _replayed_reassignment(earlier, tid, fingerprint)
+    row = tasks_store.get(tid)
+    if row is None:
+        raise WorkflowNotFound("no task with that id")
+    stored = context.stored_actor(actor)
+    try:
+        with _atomic():
+            commands.lock_instance(row.workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
+            if dedup.find(TASK_REASSIGNMENT, DEFAULT_SCOPE, namespace, idempotency_key):
+                raise _LostKeyRace
+            locked = tasks_store.get(tid, lock=True)
+            if locked is None:
+                raise WorkflowNotFound("no task with that id")
+            _refuse_task_state(locked, "reassignment")
+            result = {"from": locked.assignee, "to": assignee}
+            if not dedup.claim(
+                TASK_REASSIGNMENT,
+                DEFAULT_SCOPE,
+                namespace,
+                idempotency_key,
+                locked.workflow_id,
+                fingerprint,
+                result,
+            ):
+                raise _LostKeyRace
+            outcome = tasks_store.reassign(tid, assignee)
+            if outcome != "REASSIGNED":  # the row lock makes this unreachable
+                raise WorkflowConflict(f"the task is {outcome}; reassignment refused")
+            history.append(
+                locked.workflow_id,
+                [
+                    HistoryEntry(
+                        "TASK_REASSIGNED",
+                        {"taskId": str(tid), "from": locked.assignee, "to": assignee},
+                        step_id=locked.step_id,
+                    )
+                ],
+                **stored.history_columns(),
+            )
+    except _LostKeyRace:
+        earlier = dedup.find(TASK_REASSIGNMENT, DEFAULT_SCOPE, namespace, idempotency_key)
+        assert earlier is not None
+        return _replayed_reassignment(earlier, tid, fingerprint)
+    except DatabaseError as exc:
+        raise db.translate(exc, "reassign_task") from None
+    return TaskReassignment(tid, locked.workflow_id, locked.assignee, assignee, duplicate=False)
+
+
+def _replayed_reassignment(
+    earlier: tuple[Any, str, Any], task_id: uuid.UUID, fingerprint: str
+) -> TaskReassignment:
+    workflow_id, stored, result = earlier
+    if stored != fingerprint:
+        raise WorkflowConflict("idempotency key already used for a different reassignment")
+    result = db.load_json(result) or {}
+    return TaskReassignment(
+        task_id, workflow_id, result.get("from"), result.get("to"), duplicate=True
+    )
+
+
+def tasks(
+    *,
+    assignee: str | None = None,
+    candidate_user: str | None = None,
+    candidate_groups: list[str] | tuple[str, ...] | None = None,
+    status: str | list[str] | tuple[str, ...] | None = None,
+    definition_id: str | None = None,
+    scope: str | None = None,
+    due_before: Any = None,
+    include_archived: bool = False,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> TaskPage:
+    """Human tasks, newest change first, one keyset page at a time.
+
+    Every filter given must hold: ``assignee`` exactly, ``candidate_user``
+    named among the candidate users, ``candidate_groups`` any of them among
+    the candidate groups, ``status`` one status or several, the instance's
+    ``definition_id``, ``scope`` exactly (None: every scope; a filter, not an
+    authorization boundary), ``due_before`` a due date before that instant.
+    Tasks of archived instances are hidden unless ``include_archived``.
+    ``limit`` is bounded to 1..500. ``cursor`` is the ``next_cursor`` of the
+    previous page; a cursor this API did not write raises
+    ``WorkflowValidationError``.
+    """
+    statuses = [status] if isinstance(status, str) else status
+    if candidate_groups is not None and isinstance(candidate_groups, str):
+        candidate_groups = [candidate_groups]
+    try:
+        page = tasks_store.query(
+            assignee=assignee,
+            candidate_user=candidate_user,
+            candidate_groups=candidate_groups,
+            statuses=statuses,
+            definition_id=definition_id,
+            scope=scope,
+            due_before=due_before,
+            include_archived=include_archived,
+            limit=limit,
+            cursor=cursor,
+        )
+    except ValueError:
+        raise WorkflowValidationError("the cursor is not a task cursor") from None
+    return TaskPage([_task_view(r) for r in page.rows], page.next_cursor)
+
+
+def can_complete(user: Any, task: Any) -> bool:
+    """Whether a Django user may complete (or act on) a task: the admin's rule.
+
+    True for an active, authenticated user who is the task's assignee, one of
+    its candidate users, a member of one of its candidate groups
+    (``user.groups``), or holds the model permission
+    ``vertique_workflow.change_workflowtask`` (superusers hold every
+    permission). Anonymous and inactive users: False. ``task`` is a
+    ``TaskView``, a store row or a task id (an unknown id: False). Names
+    compare with ``user.get_username()``. It does not look at the status.
+    """
+    if user is None or not getattr(user, "is_authenticated", False):
+        return False
+    if not getattr(user, "is_active", False):
+        return False
+    if not isinstance(task, (TaskView, tasks_store.TaskRow)):
+        try:
+            task = tasks_store.get(_task_uuid(task))
+        except WorkflowNotFound:
+            return False
+        if task is None:
+            return False
+    name = user.get_username()
+    if task.assignee is not None and task.assignee == name:
+        return True
+    if name in task.candidate_users:
+        return True
+    groups = getattr(user, "groups", None)  # a custom user model may have none
+    if (
+        task.candidate_groups
+        and groups is not None
+        and groups.filter(name__in=task.candidate_groups).exists()
+    ):
+        return True
+    has_perm = getattr(user, "has_perm", None)
+    return bool(has_perm is not None and has_perm(TASK_PERMISSION))
+
+
 __all__ = [
     "Failure",
     "InstanceRef",
     "InstanceView",
     "RetryReceipt",
     "SignalReceipt",
+    "TaskCompletionReceipt",
+    "TaskPage",
+    "TaskReassignment",
+    "TaskView",
+    "can_complete",
     "cancel",
+    "complete_task",
     "get",
+    "get_task",
     "history_of",
+    "reassign_task",
     "retry",
     "signal",
     "start",
     "state_at",
+    "tasks",
 ]

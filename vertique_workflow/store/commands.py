@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import failures
 from ..engine.decision_log import HistoryEntry
-from . import db, history
+from . import db, history, tasks
 from .eligibility import claimable
 from .instances import ENDED as ENDED_STATUSES
 from .instances import ENDED_SQL
@@ -68,10 +68,10 @@ WITH q AS (
 )
 INSERT INTO {T["commands"]} (workflow_id, seq, kind, state, payload_json, dedup_key,
     target_json, context_json, explicit_carrier_json, actor_kind, actor_id, actor_reason,
-    on_behalf_of, attribution_status, recorded_at, available_at)
+    on_behalf_of, attribution_status, task_id, recorded_at, available_at)
 SELECT %(wf)s, q.seq, %(kind)s, 'PENDING', %(payload)s::jsonb, %(dedup_key)s,
        %(target)s::jsonb, %(context)s::jsonb, %(carrier)s::jsonb, %(actor_kind)s, %(actor_id)s,
-       %(actor_reason)s, %(on_behalf_of)s, %(attribution_status)s,
+       %(actor_reason)s, %(on_behalf_of)s, %(attribution_status)s, %(task_id)s::uuid,
        clock_timestamp(), now()
 FROM q
 RETURNING id, seq
@@ -198,7 +198,13 @@ WITH doomed AS (
     FROM doomed WHERE c.id = doomed.id
     RETURNING c.id, c.seq, c.kind, c.target_json, c.actor_kind, c.actor_id, c.actor_reason,
               c.on_behalf_of, c.attribution_status,
-              (SELECT state FROM {T["commands"]} o WHERE o.id = c.id) AS old_state
+              (SELECT state FROM {T["commands"]} o WHERE o.id = c.id) AS old_state, c.task_id
+), released AS (
+    -- the task a dead-lettered completion still reserves is cancelled with it
+    UPDATE {T["tasks"]} t SET status = 'CANCELLED', version = t.version + 1, updated_at = now()
+    FROM settled
+    WHERE settled.kind = 'COMPLETION' AND t.id = settled.task_id AND t.status = 'COMPLETING'
+      AND t.reservation_command_id = settled.id
 ), lowered AS (
     UPDATE {T["command_queues"]} q
     SET open_signals = GREATEST(q.open_signals - (
@@ -484,8 +490,12 @@ def insert(
     context: Any = None,
     carrier: Any = None,
     actor: Actor | None = None,
+    task_id: Any = None,
 ) -> tuple[int, int]:
-    """Insert a PENDING command at the next queue position; returns (id, seq)."""
+    """Insert a PENDING command at the next queue position; returns (id, seq).
+
+    ``task_id`` names the task a COMPLETION completes.
+    """
     actor = actor or Actor()
     row = db.fetchone(
         INSERT_COMMAND,
@@ -502,6 +512,7 @@ def insert(
             "actor_reason": actor.reason,
             "on_behalf_of": actor.on_behalf_of,
             "attribution_status": actor.status,
+            "task_id": None if task_id is None else str(task_id),
         },
     )
     assert row is not None
@@ -556,7 +567,7 @@ def claim(
         kind,
         attempts,
         target,
-        _task_id,
+        task_id,
         a_kind,
         a_id,
         a_reason,
@@ -579,6 +590,9 @@ def claim(
         else:
             state, event = "REJECTED", "COMMAND_REJECTED"
             reason = error_text("INSTANCE_ENDED", f"{kind} command of an ended instance")
+        if kind == "COMPLETION" and task_id is not None:
+            # the reservation settles with its command (tasks before commands)
+            tasks.cancel_reserved(task_id, cid)
         _settle(cid, state, reason)
         history.append(
             wf, [HistoryEntry(event, _command_payload(cid, seq, kind, target, reason))], **common
