@@ -54,8 +54,8 @@ def test_a_deferred_command_carries_its_own_actor():
     WorkflowCommand.objects.create(
         workflow_id=ref.id,
         seq=2,
-        kind="TIMER",
-        timer_kind="FIRE",
+        kind="MIGRATION",
+        target_json={"version": 2},
         state="PENDING",
         actor_kind="SYSTEM",
         actor_reason="timer",
@@ -70,7 +70,7 @@ def test_a_deferred_command_without_an_actor_is_logged_none_absent():
     ref = wf.start("order", {"amount": 5}, idempotency_key="k1", actor=wf.Actor.user("ann"))
     run_until_idle()
     WorkflowCommand.objects.create(
-        workflow_id=ref.id, seq=2, kind="TIMER", timer_kind="FIRE", state="PENDING"
+        workflow_id=ref.id, seq=2, kind="MIGRATION", target_json={"version": 2}, state="PENDING"
     )
     assert run_until_idle().outcomes == ["DEFERRED"]
     assert actor_of(entry(ref.id, "COMMAND_DEFERRED")) == ("NONE", None, None, "ABSENT")

@@ -345,16 +345,16 @@ def test_statement_deadline_is_a_transient_retry_that_restores_the_attempt():
 
 
 def test_a_command_kind_this_release_cannot_run_is_deferred_not_failed():
-    """TIMER commands converted by 0003 wait for a release that runs them."""
+    """MIGRATION commands wait for a release that runs them."""
     ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
     run_until_idle()
     WorkflowCommand.objects.create(
-        workflow_id=ref.id, seq=2, kind="TIMER", timer_kind="FIRE", state="PENDING"
+        workflow_id=ref.id, seq=2, kind="MIGRATION", target_json={"version": 2}, state="PENDING"
     )
     assert run_until_idle().outcomes == ["DEFERRED"]
-    timer = WorkflowCommand.objects.get(workflow_id=ref.id, kind="TIMER")
+    timer = WorkflowCommand.objects.get(workflow_id=ref.id, kind="MIGRATION")
     assert (timer.state, timer.deferral_count, timer.attempts) == ("DEFERRED", 1, 0)
-    assert timer.last_error == "NOT_RUNNABLE: this release does not run TIMER commands yet"
+    assert timer.last_error == "NOT_RUNNABLE: this release does not run MIGRATION commands yet"
     assert wf.get(ref.id).status == "WAITING"
     assert events(ref.id)[-1] == "COMMAND_DEFERRED"
 

@@ -15,8 +15,11 @@ from vertique_workflow.definitions import (
     decision,
     end,
     fail,
+    task,
+    timer,
     wait,
 )
+from vertique_workflow.definitions.tasks import decision_to
 
 
 class OrderFlow(Workflow[dict]):
@@ -389,4 +392,103 @@ class SignalContextFlow(Workflow[dict]):
 
         return {**state, "after_go": TENANT.get()}
 
+    done = end()
+
+
+class NapFlow(Workflow[dict]):
+    """Sleep an hour on a timer step, then note the waking."""
+
+    id, version, contract = "nap", 1, "nap.v1"
+
+    @action(start=True, next="sleep")
+    def lie_down(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "asleep": True}
+
+    sleep = timer("1h", next="wake")
+
+    @action(next="done")
+    def wake(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "asleep": False, "woke": True}
+
+    done = end()
+
+
+class AlarmFlow(Workflow[dict]):
+    """A timer step until the instant the start payload names (``at``)."""
+
+    id, version, contract = "alarm", 1, "alarm.v1"
+
+    ring_at = timer(until="alarm_time", next="ring", start=True)
+
+    def alarm_time(self, state: dict[str, Any]) -> str:
+        return str(state["at"])
+
+    @action(next="done")
+    def ring(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "rang": True}
+
+    done = end()
+
+
+class ReceiptFlow(Workflow[dict]):
+    """Wait seven days for a receipt; without one the claim expires."""
+
+    id, version, contract = "receipt-wait", 1, "receipt.v1"
+    signals = {"receipt": None, "note": None}
+
+    receipt = wait("receipt", timeout="7d", on_timeout="expire", next="done", start=True)
+
+    @action(next="done")
+    def expire(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "expired": True}
+
+    done = end()
+
+
+REJECTION = {"type": "object", "required": ["reason"], "properties": {"reason": {"type": "string"}}}
+
+
+class ReviewFlow(Workflow[dict]):
+    """A manager reviews: approve or reject (with a reason); escalated after three days."""
+
+    id, version, contract = "review", 1, "review.v1"
+
+    review = task(
+        title="Review the claim",
+        assignee=lambda s: s["manager"],
+        candidate_groups=("reviewers",),
+        decisions={"approve": "approved", "reject": decision_to("rejected", schema=REJECTION)},
+        due="3d",
+        on_due="escalated",
+        reminders=["1d", "2d"],
+        start=True,
+    )
+
+    @action(next="done")
+    def approved(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "outcome": "approved"}
+
+    @action(next="done")
+    def rejected(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "outcome": "rejected"}
+
+    @action(next="done")
+    def escalated(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "outcome": "escalated"}
+
+    done = end()
+
+
+class StableReviewFlow(Workflow[dict]):
+    """A review that must be completed against the current revision (``rev``)."""
+
+    id, version, contract = "stable-review", 1, "stable-review.v1"
+
+    review = task(
+        candidate_users=("ann", "bob"),
+        decisions={"approve": "done"},
+        require_version_stability=True,
+        subject_version=lambda s: s["rev"],
+        start=True,
+    )
     done = end()

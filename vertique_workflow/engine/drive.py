@@ -17,7 +17,7 @@ from typing import Any
 from ..definitions import Plan, Step
 from ..exceptions import NonRetryable, WorkflowDefinitionError, WorkflowValidationError
 from ..payloads import json_size
-from .events import Completion, Event, Resume, Signal, Start, TimerFired
+from .events import Completion, Event, Refusal, Resume, Signal, Start, TimerFired
 from .steps import KINDS, StepKind
 from .transition import (
     STEP_ATTRIBUTE,
@@ -135,21 +135,21 @@ def _deliver(
         if step is None or kind is None or kind.refusal is None
         else kind.refusal(step, event)
     )
-    if refusal is not None:
-        return DriveResult(
-            applied=False,
-            status=snapshot.status,
-            current_step=snapshot.current_step,
-            state=snapshot.state,
-            refusal=refusal,
-        )
-    assert step is not None and kind is not None and kind.accept is not None
-    state = state_of(plan, snapshot.state, "STATE_INVALID", step.id)
-    run = Run(plan, facts, state, plan.state_to_json(state))
-    moved = kind.accept(run, step, event)
-    if isinstance(moved, Halt):
-        return _halted(run, step, moved)
-    return _run(run, moved)
+    if refusal is None:
+        assert step is not None and kind is not None and kind.accept is not None
+        state = state_of(plan, snapshot.state, "STATE_INVALID", step.id)
+        run = Run(plan, facts, state, plan.state_to_json(state))
+        moved = kind.accept(run, step, event)  # a kind may still refuse, having seen the state
+        if not isinstance(moved, Refusal):
+            return _halted(run, step, moved) if isinstance(moved, Halt) else _run(run, moved)
+        refusal = moved
+    return DriveResult(
+        applied=False,
+        status=snapshot.status,
+        current_step=snapshot.current_step,
+        state=snapshot.state,
+        refusal=refusal,
+    )
 
 
 def _kind(plan: Plan, step: Step) -> StepKind:

@@ -70,6 +70,7 @@ class TimerFired:
     step_id: str | None
     task_id: Any = None
     scheduled: bool = True
+    branch_token_id: Any = None
     kind: ClassVar[str] = "TIMER"
 
     def refused(self, step_id: str | None) -> Refusal:
@@ -102,6 +103,7 @@ class Completion:
     payload: Any
     subject_version: Any = None
     reserved: bool = True
+    branch_token_id: Any = None
     kind: ClassVar[str] = "COMPLETION"
 
     def refused(self, step_id: str | None) -> Refusal:

@@ -111,6 +111,8 @@ def run(
             ],
             **{**common, "command_id": command.id},
         )
+    if failed and result.status == "WAITING":
+        commands.requeue_parked_callbacks(row.id)
     transition.settle_parked(row, result)
     return "COMPLETED"
 

@@ -31,21 +31,21 @@ from ..conf import workflow_settings
 from ..definitions import Plan, catalog
 from ..engine.decision_log import HistoryEntry
 from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, Snapshot, drive
-from ..engine.events import Event, Signal, Start
+from ..engine.events import Completion, Event, Refusal, Signal, Start, TimerFired
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import DEFAULT_SCOPE, resident_plan
-from ..store import commands, db, history
+from ..store import commands, db, history, tasks, timers
 from ..store import segment as segment_store
 from ..store.commands import Head
 from ..store.instances import InstanceRow
-from . import backoff, deadline, recovery, transition
+from . import backoff, deadline, effects, recovery, transition
 
 logger = logging.getLogger("vertique_workflow.executor")
 
-# The command kinds this release's engine runs. Others (TIMER and RETRY
-# commands converted by migration 0003, COMPLETION, MIGRATION) are deferred
-# like a plan this node lacks, never failed: a release that runs them will.
-SUPPORTED_KINDS = ("START", "SIGNAL", "RETRY")
+# The command kinds this release's engine runs. Others (MIGRATION, and the
+# branch-addressed RETRY commands migration 0003 converted) are deferred like
+# a plan this node lacks, never failed: a release that runs them will.
+SUPPORTED_KINDS = ("START", "SIGNAL", "RETRY", "TIMER", "COMPLETION")
 
 
 def default_node_id() -> str:
@@ -337,35 +337,79 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> tuple[str, str 
     )
     if command.kind == "RETRY":
         return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None
-    event = _event(command)
+    event, bound = _event(command)
     snapshot = Snapshot(row.status, row.current_step_id, row.state_json)
-    if isinstance(event, Signal) and (
-        (command.target or {}).get("branchId") or row.status == "FAILED"
-    ):
-        # a branch-addressed signal waits for a release that runs branches; a
-        # signal to a FAILED instance waits for its retry (FAILED is retryable)
-        result = DriveResult(
-            applied=False,
-            status=row.status,
-            current_step=row.current_step_id,
-            state=row.state_json,
-            refusal=event.refused(row.current_step_id),
-        )
-    else:
-        # an explicit carrier recorded with the command overrides the captured context
-        bound = command.context if command.explicit_carrier is None else command.explicit_carrier
-        with context.bound(bound):
+    with context.bound(bound):
+        refusal = _refused_before_drive(command, row, event)
+        if refusal is not None:
+            result = DriveResult(
+                applied=False,
+                status=row.status,
+                current_step=row.current_step_id,
+                state=row.state_json,
+                refusal=refusal,
+            )
+        else:
             result = drive(plan, snapshot, event, facts)
-    return _settle_segment(claim, loaded, result, event, node_id), result.current_step
+        settled = _settle_segment(claim, loaded, result, event, node_id)
+    return settled, result.current_step
 
 
-def _event(command: Any) -> Event:
-    """The engine event the fenced command brings."""
+def _event(command: Any) -> tuple[Event, dict[str, Any] | None]:
+    """The engine event the fenced command brings, and the durable context to bind.
+
+    A command binds the context its recorder captured (an explicit carrier
+    overrides it); a TIMER binds the context stored on its timer row (the
+    drive that scheduled it), its command stores none.
+    """
+    bound = command.context if command.explicit_carrier is None else command.explicit_carrier
+    target = command.target or {}
     if command.kind == "START":
-        return Start(command.payload)
+        return Start(command.payload), bound
     if command.kind == "SIGNAL":
-        return Signal(str((command.target or {}).get("name")), command.payload)
+        return Signal(str(target.get("name")), command.payload), bound
+    if command.kind == "TIMER":
+        timer = timers.get(command.timer_id) if command.timer_id is not None else None
+        return TimerFired(
+            command.timer_kind,
+            command.timer_id,
+            None if timer is None else timer.step_id,
+            command.task_id,
+            scheduled=timer is not None and timer.status == "SCHEDULED",
+            branch_token_id=None if timer is None else timer.branch_token_id,
+        ), (None if timer is None else timer.metadata) or None
+    if command.kind == "COMPLETION":
+        task = tasks.get(command.task_id) if command.task_id is not None else None
+        return Completion(
+            command.task_id,
+            None if task is None else task.step_id,
+            str(target.get("decision")),
+            command.payload,
+            subject_version=target.get("subjectVersion"),
+            reserved=task is not None
+            and task.status == "COMPLETING"
+            and task.reservation_command_id == command.id,
+            branch_token_id=None if task is None else task.branch_token_id,
+        ), bound
     raise WorkflowDefinitionError(f"command kind {command.kind!r} is not supported by this release")
+
+
+def _refused_before_drive(command: Any, row: InstanceRow, event: Event) -> Refusal | None:
+    """Park what this instance cannot take now, before the engine sees it.
+
+    A FAILED instance parks every signal, timer and completion until its
+    retry (FAILED is retryable; the retry re-offers them). A branch-addressed
+    signal, or a timer or completion of a branch, waits for a release that
+    runs branches.
+    """
+    branch = (
+        bool((command.target or {}).get("branchId"))
+        if isinstance(event, Signal)
+        else getattr(event, "branch_token_id", None) is not None
+    )
+    if row.status == "FAILED" or branch:
+        return Refusal("PARK", "PARKED", "the instance cannot take this command now")
+    return None
 
 
 def _common(loaded: segment_store.Loaded, node_id: str) -> dict[str, Any]:
@@ -397,23 +441,8 @@ def _settle_segment(
     command, row = loaded.command, loaded.instance
     common = _common(loaded, node_id)
     if not result.applied:
-        assert isinstance(event, Signal)
-        commands.park(command.id, claim.token)
-        history.append(
-            row.id,
-            [
-                HistoryEntry(
-                    "SIGNAL_PARKED",
-                    {
-                        "commandId": command.id,
-                        "signal": event.name[:255],
-                        "step": row.current_step_id,
-                    },
-                )
-            ],
-            **common,
-        )
-        return "PARKED"
+        return _settle_refused(claim, loaded, result.refusal, event, common)
+    effects.persist(row.id, command.id, result.effects, context.capture())
     transition.persist(
         row,
         command.id,
@@ -426,6 +455,44 @@ def _settle_segment(
     if loaded.has_parked_or_dead:
         transition.settle_parked(row, result)
     return "COMPLETED"
+
+
+def _settle_refused(
+    claim: Claimed,
+    loaded: segment_store.Loaded,
+    refusal: Refusal,
+    event: Event,
+    common: dict[str, Any],
+) -> str:
+    """A refused event: park its command, or settle it STALE or REJECTED; nothing else changes.
+
+    A rejected completion reopens its task (lock order: the task before the
+    command's settlement), so it can be completed again.
+    """
+    command, row = loaded.command, loaded.instance
+    payload: dict[str, Any] = {"commandId": command.id, "seq": command.seq, "kind": command.kind}
+    if refusal.disposition == "PARK":
+        commands.park(command.id, claim.token)
+        if isinstance(event, Signal):
+            payload = {"commandId": command.id, "signal": event.name[:255]}
+        payload["step"] = row.current_step_id
+        entry = "SIGNAL_PARKED" if isinstance(event, Signal) else "COMMAND_PARKED"
+        history.append(row.id, [HistoryEntry(entry, payload)], **common)
+        return "PARKED"
+    reason = failures.text(refusal.reason_code, refusal.sentence)
+    if refusal.disposition == "STALE":
+        commands.stale(command.id, claim.token, reason)
+        history.append(
+            row.id, [HistoryEntry("COMMAND_STALE", {**payload, "reason": reason})], **common
+        )
+        return "SETTLED"
+    if isinstance(event, Completion) and event.reserved:
+        tasks.reopen(event.task_id, command.id)
+    commands.reject(command.id, claim.token, reason)
+    history.append(
+        row.id, [HistoryEntry("COMMAND_REJECTED", {**payload, "reason": reason})], **common
+    )
+    return "REJECTED"
 
 
 def _entries(event: Event, row: InstanceRow, result: DriveResult) -> list[HistoryEntry]:

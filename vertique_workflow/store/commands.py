@@ -186,6 +186,15 @@ WHERE workflow_id = %s AND state = 'PARKED' AND kind = 'SIGNAL'
   AND (target_json ->> 'name') = ANY(%s) AND (target_json ->> 'branchId') IS NULL
 """
 
+# Timers and completions parked while the instance was FAILED go back to
+# PENDING with their seq once a retry revived it; each is then offered to
+# the step the instance stands at (applied, or settled STALE / REJECTED).
+REQUEUE_PARKED_CALLBACKS = f"""
+UPDATE {T["commands"]}
+SET state = 'PENDING', available_at = LEAST(available_at, now()), last_error = NULL
+WHERE workflow_id = %s AND state = 'PARKED' AND kind IN ('TIMER', 'COMPLETION')
+"""
+
 # An ended instance settles its parked and dead-lettered commands.
 SETTLE_ENDED = f"""
 WITH doomed AS (
@@ -678,6 +687,11 @@ def requeue_parked(workflow_id: Any, signal_names: list[str]) -> int:
     return db.execute(REQUEUE_PARKED, (workflow_id, signal_names))
 
 
+def requeue_parked_callbacks(workflow_id: Any) -> int:
+    """Offer again the timers and completions parked while the instance was FAILED."""
+    return db.execute(REQUEUE_PARKED_CALLBACKS, (workflow_id,))
+
+
 def settle_ended(workflow_id: Any, *, cancelled: bool) -> int:
     """Settle an ended instance's PARKED and DEAD commands, one history entry each."""
     if cancelled:
@@ -929,6 +943,11 @@ def health(workflow_id: Any) -> tuple[int, int]:
 def reject(command_id: int, token: Any, reason: str) -> str | None:
     """Settle a claimed command REJECTED with a reason (fenced on the claim)."""
     return _settle(command_id, "REJECTED", reason, token=token)
+
+
+def stale(command_id: int, token: Any, reason: str) -> str | None:
+    """Settle a claimed command STALE with a reason (fenced on the claim): it applies nowhere."""
+    return _settle(command_id, "STALE", reason, token=token)
 
 
 def availability_delays(hint_ms: int | None = None) -> AvailabilityDelays:
