@@ -16,8 +16,12 @@ retried there (``run_until_idle`` then raises ``TimeoutError``).
 
 from __future__ import annotations
 
+import datetime
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
 
 from .conf import workflow_settings
 from .executor.segment import default_node_id, run_head, run_next
@@ -91,3 +95,25 @@ def run_until_idle(
             return report
         time.sleep(0.01)  # another worker's claim is in flight; its lease bounds this
     return report
+
+
+def advance_time(by: str | datetime.timedelta | None = None, *, instance_id: Any = None) -> int:
+    """Skip time for timers: fire what ``by`` would bring due; returns how many are due now.
+
+    Every SCHEDULED timer (of ``instance_id``, or of every instance) comes
+    ``by`` closer -- ``"3d"``, ``"90m"`` or a ``timedelta`` --, so timers due
+    within it are due now and later ones keep the rest of their wait
+    (advancing twice by a day fires what two days would). Without ``by``
+    every timer is due now. It goes through the command log: the TIMER
+    commands' availability moves on the database clock and the next
+    ``run_until_idle()`` (or a running executor) fires them in queue order,
+    exactly as it would at their time. The database's own clock is not
+    changed; ``fire_at`` of the moved timers is.
+    """
+    from .definitions.durations import parse_duration
+    from .store import db
+    from .store import timers as timer_store
+
+    advance = None if by is None else parse_duration(by)
+    with transaction.atomic(using=db.alias()):
+        return timer_store.make_due(instance_id, advance=advance)

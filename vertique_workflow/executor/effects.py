@@ -119,11 +119,18 @@ def persist(
 def _task_timers(
     task_id: uuid.UUID, effect: OpenTask, metadata: dict[str, Any] | None
 ) -> list[TimerSpec]:
-    found: list[TimerSpec] = []
+    """The task's REMINDER timers, then its DUE timer: queue order is fire-time order.
+
+    Timers that come due together (time skipping, an executor that was
+    down) run in queue order, so the reminders (each before the due date)
+    are recorded first, earliest first.
+    """
+    found = [
+        _spec(task_id, effect.step_id, "TASK_REMINDER", seconds, metadata)
+        for seconds in sorted(effect.reminder_seconds)
+    ]
     if effect.due_seconds is not None:
         found.append(_spec(task_id, effect.step_id, "TASK_DUE", effect.due_seconds, metadata))
-    for seconds in effect.reminder_seconds:
-        found.append(_spec(task_id, effect.step_id, "TASK_REMINDER", seconds, metadata))
     return found
 
 

@@ -179,21 +179,27 @@ SELECT (SELECT count(*) FROM done),
 # that transaction too (``clock_timestamp()`` would stay ahead of its now()).
 # ``advance`` is measured from the statement's clock.
 MAKE_DUE = f"""
-WITH clock AS MATERIALIZED (SELECT now() AS t, clock_timestamp() AS wall),
+WITH clock AS MATERIALIZED (SELECT now() AS t),
 due AS (
-    SELECT t.id, t.command_id FROM {T["timers"]} t, clock
-    WHERE t.workflow_id = %(wf)s AND t.status = 'SCHEDULED' AND t.fire_at > clock.t
-      AND (%(advance)s::double precision IS NULL
-           OR t.fire_at <= clock.wall + make_interval(secs => %(advance)s::double precision))
+    SELECT t.id, t.command_id,
+           CASE WHEN %(advance)s::double precision IS NULL THEN clock.t
+                ELSE GREATEST(clock.t, t.fire_at - make_interval(
+                    secs => %(advance)s::double precision)) END AS fire_at
+    FROM {T["timers"]} t, clock
+    WHERE (%(wf)s::uuid IS NULL OR t.workflow_id = %(wf)s::uuid)
+      AND t.status = 'SCHEDULED' AND t.fire_at > clock.t
     ORDER BY t.id FOR UPDATE OF t
 ), moved AS (
-    UPDATE {T["commands"]} c SET fire_at = clock.t, available_at = clock.t
-    FROM due, clock
+    UPDATE {T["commands"]} c SET fire_at = due.fire_at, available_at = due.fire_at
+    FROM due
     WHERE c.id = due.command_id AND c.state IN ('PENDING', 'DEFERRED')
     RETURNING c.id
+), shifted AS (
+    UPDATE {T["timers"]} t SET fire_at = due.fire_at, updated_at = now()
+    FROM due WHERE t.id = due.id
+    RETURNING t.fire_at
 )
-UPDATE {T["timers"]} t SET fire_at = clock.t, updated_at = now()
-FROM due, clock WHERE t.id = due.id
+SELECT count(*) FILTER (WHERE fire_at <= (SELECT t FROM clock)) FROM shifted
 """
 
 
@@ -318,14 +324,19 @@ def cancel_all_for_instance(
     return count
 
 
-def make_due(workflow_id: Any, *, advance: datetime.timedelta | None = None) -> int:
-    """Time skipping: SCHEDULED timers due within ``advance`` (all when None) fire now.
+def make_due(workflow_id: Any = None, *, advance: datetime.timedelta | None = None) -> int:
+    """Time skipping: move SCHEDULED timers forward as if ``advance`` had passed.
 
-    Moves ``fire_at`` and ``available_at`` of their PENDING/DEFERRED TIMER
-    commands and the timer rows' ``fire_at`` to the database clock (the
-    transaction's ``now()``); returns the
-    number of timers moved. The executor then runs them through the command
-    log as it would at their time.
+    With ``advance`` every SCHEDULED timer of the instance (of every instance
+    when ``workflow_id`` is None) fires ``advance`` earlier: one due within
+    it fires now, a later one stays that much closer, so advancing twice by
+    a day fires what two days would. Without it every timer fires now. The
+    TIMER commands' ``fire_at`` and ``available_at`` and the timer rows'
+    ``fire_at`` move on the database clock (the transaction's ``now()``, so
+    a test wrapped in one transaction sees them due); returns the number of
+    timers now due. The executor then runs them through the command log as
+    it would at their time, in their queue order.
     """
     seconds = None if advance is None else advance.total_seconds()
-    return db.execute(MAKE_DUE, {"wf": workflow_id, "advance": seconds})
+    row = db.fetchone(MAKE_DUE, {"wf": workflow_id, "advance": seconds})
+    return 0 if row is None else int(row[0])
