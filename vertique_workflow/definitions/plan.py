@@ -331,6 +331,18 @@ class Plan:
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     @cached_property
+    def opens_timers_or_tasks(self) -> bool:
+        """Whether any step schedules a timer or opens a task (timer, task, wait with timeout).
+
+        An ending step closes what is still open only in such plans: the
+        others never pay for it.
+        """
+        return any(
+            step.kind in ("timer", "task") or step.timeout is not None
+            for step in self.steps.values()
+        )
+
+    @cached_property
     def name_binding(self) -> dict[str, str]:
         """The binary name of each class the plan names, mapped to the name the hash used.
 

@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "CancelTasks",
     "CancelTimers",
+    "CloseAll",
     "CompleteTask",
     "Effect",
     "FireTimer",
@@ -99,4 +100,14 @@ class CancelTasks:
     task_ids: tuple[Any, ...] = field(default_factory=tuple)
 
 
-Effect = ScheduleTimer | CancelTimers | FireTimer | OpenTask | CompleteTask | CancelTasks
+@dataclass(frozen=True)
+class CloseAll:
+    """The instance ended: cancel every timer still scheduled and every task still open.
+
+    Emitted by ``end`` and ``fail`` only for plans that can schedule timers
+    or open tasks (``Plan.opens_timers_or_tasks``), so a plan of actions and
+    signals pays no statement for it.
+    """
+
+
+Effect = ScheduleTimer | CancelTimers | FireTimer | OpenTask | CompleteTask | CancelTasks | CloseAll

@@ -19,6 +19,7 @@ from typing import Any
 from ..engine.effects import (
     CancelTasks,
     CancelTimers,
+    CloseAll,
     CompleteTask,
     Effect,
     FireTimer,
@@ -72,6 +73,8 @@ def persist(
                 purposes=list(TASK_TIMERS),
                 keep_command_id=command_id,
             )
+        elif isinstance(effect, CloseAll):
+            timers.cancel_scheduled(workflow_id, keep_command_id=command_id)
         elif isinstance(effect, ScheduleTimer):
             specs.append(
                 TimerSpec(
@@ -99,7 +102,7 @@ def persist(
                 effect.task_id, effect.command_id, effect.decision, effect.result
             ):
                 raise timers.TimerConflict("the task changed under the execution lock")
-        elif isinstance(effect, CancelTasks):
+        elif isinstance(effect, CancelTasks | CloseAll):
             tasks.cancel_open(workflow_id)
     for task_id, effect in opened:
         tasks.insert_open(

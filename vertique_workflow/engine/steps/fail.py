@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...definitions import Step
+from ..effects import CloseAll
 from ..transition import Halt, Run
 
 NAME = "fail"
@@ -11,6 +12,8 @@ NAME = "fail"
 def enter(run: Run, step: Step) -> Halt:
     reason = step.reason or "FAILED"
     run.note(step.id, "FAILED", {"reason": reason})
+    if run.plan.opens_timers_or_tasks:
+        run.effect(CloseAll())
     return Halt(
         "FAILED",
         error_type=reason,
