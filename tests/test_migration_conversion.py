@@ -189,3 +189,65 @@ def test_conversion_without_job_table_succeeds(scratch_database):
     with connect(scratch_database) as conn:
         assert conn.execute("SELECT count(*) FROM workflow_commands").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM workflow_command_queues").fetchone() == (0,)
+
+
+NAP, RECEIPT, REVIEW = (uuid.uuid4() for _ in range(3))
+REVIEW_TASK = uuid.uuid4()
+
+
+def test_converted_timers_run_on_the_reshaped_engine(scratch_database):
+    """Timers of a pre-0003 database (a timer step, a signal timeout, a task due date) fire."""
+    db = scratch_database
+    run_manage("migrate", "vertique_workflow", "0001", "-v", "0", dbname=db)
+    with connect(db) as conn:
+        conn.execute(
+            """INSERT INTO workflow_instances (id, definition_id, definition_version, plan_hash,
+                   status, current_step_id, state_json, metadata, version)
+               VALUES (%s, 'nap', 1, 'old', 'WAITING', 'sleep', '{"asleep": true}', '{}', 2),
+                      (%s, 'receipt-wait', 1, 'old', 'WAITING', 'receipt', '{}', '{}', 1),
+                      (%s, 'review', 1, 'old', 'WAITING', 'review', '{"manager": "ann"}',
+                       '{}', 1)""",
+            (NAP, RECEIPT, REVIEW),
+        )
+        conn.execute(
+            """INSERT INTO workflow_tasks (id, workflow_id, step_id, name, status, assignee)
+               VALUES (%s, %s, 'review', 'Review the claim', 'OPEN', 'ann')""",
+            (REVIEW_TASK, REVIEW),
+        )
+        conn.execute(
+            """INSERT INTO workflow_timers (id, workflow_id, step_id, purpose, fire_at, status,
+                   task_id, delayed_job_execution_id, metadata)
+               VALUES (gen_random_uuid(), %s, 'sleep', 'STEP', now() - interval '1 hour',
+                       'SCHEDULED', NULL, gen_random_uuid(), '{}'),
+                      (gen_random_uuid(), %s, 'receipt', 'SIGNAL_TIMEOUT',
+                       now() - interval '1 hour', 'SCHEDULED', NULL, gen_random_uuid(), '{}'),
+                      (gen_random_uuid(), %s, 'review', 'TASK_DUE', now() - interval '1 hour',
+                       'SCHEDULED', %s, gen_random_uuid(), '{}')""",
+            (NAP, RECEIPT, REVIEW, REVIEW_TASK),
+        )
+    run_manage("migrate", "vertique_workflow", "-v", "0", dbname=db)
+    run_manage("workflow_executor", "--until-idle", dbname=db)
+    with connect(db) as conn:
+        instances = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                "SELECT id, status, state_json FROM workflow_instances"
+            ).fetchall()
+        }
+        timers = conn.execute("SELECT DISTINCT status FROM workflow_timers").fetchall()
+        commands = conn.execute(
+            "SELECT DISTINCT kind, state FROM workflow_commands ORDER BY 1"
+        ).fetchall()
+        task = conn.execute(
+            "SELECT status FROM workflow_tasks WHERE id = %s", (REVIEW_TASK,)
+        ).fetchone()
+        baselines = conn.execute(
+            "SELECT count(*) FROM workflow_history WHERE event_type = 'STATE_BASELINE'"
+        ).fetchone()
+    assert instances[NAP] == ("COMPLETED", {"asleep": False, "woke": True})
+    assert instances[RECEIPT] == ("COMPLETED", {"expired": True})
+    assert instances[REVIEW] == ("COMPLETED", {"manager": "ann", "outcome": "escalated"})
+    assert timers == [("FIRED",)]
+    assert commands == [("TIMER", "COMPLETE")]
+    assert task == ("CANCELLED",)
+    assert baselines == (3,), "each converted instance logs one baseline at its first segment"
