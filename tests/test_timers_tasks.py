@@ -334,3 +334,25 @@ def test_a_timer_of_a_failed_instance_is_parked_and_runs_after_the_retry():
     assert set(
         WorkflowTimer.objects.filter(workflow_id=instance).values_list("status", flat=True)
     ) <= {"FIRED", "CANCELLED"}, "an ended instance leaves no timer scheduled"
+
+
+def test_a_timer_stores_the_drives_durable_context_and_binds_it_when_it_fires():
+    from tests.flows.context import TENANT
+    from vertique_workflow.context import register_durable, unregister_durable
+
+    register_durable(TENANT)
+    try:
+        token = TENANT.set("acme")
+        try:
+            ref = wf.start("timed-context", {}, idempotency_key="k1")
+        finally:
+            TENANT.reset(token)
+        run_until_idle()
+        timer = WorkflowTimer.objects.get(workflow_id=ref.id)
+        assert timer.metadata == {"context": {"tenant": "acme"}}
+        assert command_of(timer).context_json is None, "the TIMER command stores no context"
+        advance_time()
+        assert run_until_idle().outcomes == ["COMPLETED"]
+        assert wf.get(ref.id).state["tenant"] == "acme"
+    finally:
+        unregister_durable("tenant")

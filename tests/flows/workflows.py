@@ -492,3 +492,19 @@ class StableReviewFlow(Workflow[dict]):
         start=True,
     )
     done = end()
+
+
+class TimedContextFlow(Workflow[dict]):
+    """Sleeps an hour, then copies the durable tenant context into the state."""
+
+    id, version, contract = "timed-context", 1, "timed-context.v1"
+
+    sleep = timer("1h", next="read_context", start=True)
+
+    @action(next="done")
+    def read_context(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from tests.flows.context import TENANT
+
+        return {**state, "tenant": TENANT.get()}
+
+    done = end()

@@ -467,6 +467,15 @@ class Plan:
         if step.apply is not None:
             return step.apply(state, name, payload, ctx)
         self.check_merge(name, payload)
+        return self.merge(state, payload)
+
+    def merge(self, state: Any, payload: dict[str, Any] | None) -> Any:
+        """The default merge of a payload ``check_merge`` admitted: ``state | payload``.
+
+        A dataclass state is ``dataclasses.replace``-d; the payload is copied,
+        so the state never shares it. A signal's and a task completion's
+        payload are folded in by this one rule.
+        """
         if payload is None:
             return state
         payload = copy.deepcopy(payload)

@@ -102,17 +102,7 @@ def accept(run: Run, step: Step, event: Event) -> str | Halt | Refusal:
                 "PAYLOAD_INVALID",
                 f"the completion payload of task step {step.id!r} does not fit the state",
             )
-        run.state = _merged(run, event.payload)
+        run.state = run.plan.merge(run.state, event.payload)
     run.log(step.id, "TASK_COMPLETED", {"decision": event.decision, "taskId": str(event.task_id)})
     run.effect(CompleteTask(event.task_id, run.facts.command_id, event.decision, event.payload))
     return str(chosen.next)
-
-
-def _merged(run: Run, payload: dict) -> object:
-    import copy
-    import dataclasses
-
-    payload = copy.deepcopy(payload)
-    if run.plan.state_type is None:
-        return {**run.state, **payload}
-    return dataclasses.replace(run.state, **payload)
