@@ -14,6 +14,8 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from vertique_workflow.tables import NOTIFY_CHANNEL
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -149,3 +151,35 @@ def _flush_placed_workflow_tables(
 
         with django_db_blocker.unblock():
             flush_workflow_tables()
+
+
+SENTINEL = "sentinel"
+
+
+@pytest.fixture
+def listener(transactional_db: Any) -> Iterator[psycopg.Connection]:
+    """A LISTEN connection on the commands channel (see :func:`received_until_sentinel`)."""
+    from django.db import connection
+
+    conn = connect(connection.settings_dict["NAME"], autocommit=True)
+    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    yield conn
+    conn.close()
+
+
+def received_until_sentinel(listener: psycopg.Connection) -> list[str]:
+    """Every payload delivered before a sentinel notify committed now.
+
+    Notifications arrive in commit order, so whatever was committed before the
+    sentinel has arrived once the sentinel has: no waiting on a clock.
+    """
+    from django.db import connection
+
+    with connect(connection.settings_dict["NAME"], autocommit=True) as other:
+        other.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, SENTINEL))
+    payloads = []
+    for notify in listener.notifies(timeout=30):
+        if notify.payload == SENTINEL:
+            return payloads
+        payloads.append(notify.payload)
+    raise AssertionError("the sentinel notification never arrived")

@@ -3,41 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 
-from tests.conftest import connect
+from tests.conftest import received_until_sentinel
 from vertique_workflow import tables
 from vertique_workflow.models import WorkflowCommand, WorkflowInstance
-
-SENTINEL = "sentinel"
-
-
-@pytest.fixture
-def listener(transactional_db) -> Iterator[psycopg.Connection]:
-    conn = connect(connection.settings_dict["NAME"], autocommit=True)
-    conn.execute(f"LISTEN {tables.NOTIFY_CHANNEL}")
-    yield conn
-    conn.close()
-
-
-def received_until_sentinel(listener: psycopg.Connection) -> list[str]:
-    """Every payload delivered before a sentinel notify committed now.
-
-    Notifications arrive in commit order, so whatever was committed before the
-    sentinel has arrived once the sentinel has: no waiting on a clock.
-    """
-    with connect(connection.settings_dict["NAME"], autocommit=True) as other:
-        other.execute("SELECT pg_notify(%s, %s)", (tables.NOTIFY_CHANNEL, SENTINEL))
-    payloads = []
-    for notify in listener.notifies(timeout=30):
-        if notify.payload == SENTINEL:
-            return payloads
-        payloads.append(notify.payload)
-    raise AssertionError("the sentinel notification never arrived")
 
 
 def make_instance() -> WorkflowInstance:

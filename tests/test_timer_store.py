@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from collections.abc import Iterator
 
-import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 import vertique_workflow as wf
-from tests.conftest import connect
-from vertique_workflow import tables
+from tests.conftest import received_until_sentinel
 from vertique_workflow.models import WorkflowCommand, WorkflowTimer
 from vertique_workflow.store import commands, db, timers
 from vertique_workflow.store.timers import TimerConflict, TimerSpec
@@ -254,26 +251,6 @@ def test_timer_spec_needs_exactly_one_time():
         TimerSpec(uuid.uuid4(), "s", "STEP", 5, datetime.datetime.now(datetime.UTC))
     with pytest.raises(ValueError):
         TimerSpec(uuid.uuid4(), "s", "NOPE", 5)
-
-
-@pytest.fixture
-def listener(transactional_db) -> Iterator[psycopg.Connection]:
-    conn = connect(connection.settings_dict["NAME"], autocommit=True)
-    conn.execute(f"LISTEN {tables.NOTIFY_CHANNEL}")
-    yield conn
-    conn.close()
-
-
-def received_until_sentinel(listener: psycopg.Connection) -> list[str]:
-    """Payloads committed before a sentinel notify (notifications arrive in commit order)."""
-    with connect(connection.settings_dict["NAME"], autocommit=True) as other:
-        other.execute("SELECT pg_notify(%s, %s)", (tables.NOTIFY_CHANNEL, SENTINEL))
-    payloads = []
-    for notify in listener.notifies(timeout=30):
-        if notify.payload == SENTINEL:
-            return payloads
-        payloads.append(notify.payload)
-    raise AssertionError("the sentinel notification never arrived")
 
 
 def test_record_and_make_due_notify_executors(listener):

@@ -59,7 +59,8 @@ def test_kill_9_between_the_reservation_and_the_segment_loses_nothing():
     wait_until(
         lambda: (
             server_query(
-                f"SELECT count(*) FROM {T['commands']} WHERE state = 'CLAIMED' AND lease_until < now()"
+                f"SELECT count(*) FROM {T['commands']} "
+                "WHERE state = 'CLAIMED' AND lease_until < now()"
             )[0][0]
             == 1
         ),

@@ -124,13 +124,14 @@ def _require_payload(value: Any, what: str) -> None:
     payloads.check(value, what, max_bytes=workflow_settings.MAX_PAYLOAD_BYTES)
 
 
-def _uuid(value: Any) -> uuid.UUID:
+def _uuid(value: Any, missing: str = "no workflow instance with that id") -> uuid.UUID:
+    """An id as a UUID; text that is not one names nothing (``WorkflowNotFound``)."""
     if isinstance(value, uuid.UUID):
         return value
     try:
         return uuid.UUID(str(value))
     except ValueError:
-        raise WorkflowNotFound("no workflow instance with that id") from None
+        raise WorkflowNotFound(missing) from None
 
 
 def _atomic() -> Any:
@@ -622,12 +623,7 @@ class TaskReassignment:
 
 
 def _task_uuid(value: Any) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError:
-        raise WorkflowNotFound("no task with that id") from None
+    return _uuid(value, "no task with that id")
 
 
 def _task_view(row: tasks_store.TaskRow) -> TaskView:

@@ -177,3 +177,26 @@ def check(value: Any, what: str, *, max_bytes: int | None) -> None:
             f"{what} is {size} bytes of JSON, over the limit of {max_bytes} bytes "
             "(MAX_PAYLOAD_BYTES)"
         )
+
+
+def schema_failure(validator: Any, payload: Any) -> str | None:
+    """Where and how ``payload`` fails a JSON Schema ``validator``, never quoting the value.
+
+    ``"at $.lines[1]: 'maxLength' rule failed"`` or ``"at $: missing required
+    'reason'"``; None when the payload is valid. The one wording of a schema
+    refusal (start and signal payloads, task decisions): jsonschema's own
+    message quotes the value, so it is never shown.
+    """
+    from jsonschema.exceptions import best_match
+
+    error = best_match(validator.iter_errors(payload))
+    if error is None:
+        return None
+    rule = f"{error.validator!r} rule failed"
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = sorted(str(n)[:64] for n in error.validator_value if n not in error.instance)
+        shown = ", ".join(repr(n) for n in missing[:5])
+        more = len(missing) - 5
+        rule = f"missing required {shown}" + (f" and {more} more" if more > 0 else "")
+    return f"at {error.json_path}: {rule}"
+

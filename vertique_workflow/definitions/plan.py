@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..exceptions import WorkflowDefinitionError, WorkflowValidationError
-from ..payloads import json_copy
+from ..payloads import json_copy, schema_failure
 from .durations import parse_duration
 from .retry import RetryPolicy
 from .tasks import TaskSpec, call_with_state
@@ -565,19 +565,7 @@ class Plan:
             self.check_merge(name, payload)
 
     def _check(self, key: str | None, payload: Any, what: str) -> None:
-        from jsonschema.exceptions import best_match
-
         validator = self._validators.get(key)
-        if validator is None:
-            return
-        error = best_match(validator.iter_errors(payload))
-        if error is None:
-            return
-        # The path and the failed keyword only: error.message quotes the value.
-        rule = f"{error.validator!r} rule failed"
-        if error.validator == "required" and isinstance(error.instance, dict):
-            missing = [n for n in error.validator_value if n not in error.instance]
-            rule = f"missing required {_name_list(missing)}"
-        raise WorkflowValidationError(
-            f"{what} does not match its schema at {error.json_path}: {rule}"
-        )
+        failure = None if validator is None else schema_failure(validator, payload)
+        if failure is not None:
+            raise WorkflowValidationError(f"{what} does not match its schema {failure}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import WorkflowDefinitionError, WorkflowValidationError
+from ..payloads import schema_failure
 from .durations import parse_duration
 
 if TYPE_CHECKING:
@@ -336,27 +337,17 @@ class TaskSpec:
         ``what`` names the task in the message (e.g. ``"task 'review' of
         workflow 'expense-approval'"``).
         """
-        from jsonschema.exceptions import best_match
-
         if decision not in self.decisions:
             raise WorkflowValidationError(
                 f"{what} declares no decision {str(decision)[:64]!r} "
                 f"(declared: {', '.join(repr(n) for n in sorted(self.decisions))})"
             )
         validator = self._validators.get(decision)
-        if validator is None:
-            return
-        error = best_match(validator.iter_errors(payload))
-        if error is None:
-            return
-        rule = f"{error.validator!r} rule failed"
-        if error.validator == "required" and isinstance(error.instance, dict):
-            missing = sorted(str(n)[:64] for n in error.validator_value if n not in error.instance)
-            rule = "missing required " + ", ".join(repr(n) for n in missing)
-        raise WorkflowValidationError(
-            f"payload of decision {decision!r} of {what} does not match its schema at "
-            f"{error.json_path}: {rule}"
-        )
+        failure = None if validator is None else schema_failure(validator, payload)
+        if failure is not None:
+            raise WorkflowValidationError(
+                f"payload of decision {decision!r} of {what} does not match its schema {failure}"
+            )
 
 
 def _check_name(value: Any, field_name: str) -> str:
