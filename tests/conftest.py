@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +183,35 @@ def received_until_sentinel(listener: psycopg.Connection) -> list[str]:
             return payloads
         payloads.append(notify.payload)
     raise AssertionError("the sentinel notification never arrived")
+
+
+def in_threads(*targets: Callable[[], Any], raise_errors: bool = True) -> list[Any]:
+    """Run each target on a thread of its own (its own Django connection); their results.
+
+    With ``raise_errors`` the first exception a target raised is raised
+    again; otherwise exceptions are returned in the target's place.
+    """
+    import threading
+
+    from django.db import connections
+
+    results: list[Any] = [None] * len(targets)
+
+    def runner(index: int, target: Callable[[], Any]) -> None:
+        try:
+            results[index] = target()
+        except BaseException as exc:
+            results[index] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=runner, args=(i, t)) for i, t in enumerate(targets)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    if raise_errors:
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+    return results

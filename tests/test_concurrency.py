@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
 import vertique_workflow as wf
+from tests.conftest import in_threads
 from tests.flows.workflows import Blocking
 from vertique_workflow import tables
 from vertique_workflow.executor.segment import Claimed, run_claimed, run_head
@@ -22,29 +22,6 @@ from vertique_workflow.store import commands
 from vertique_workflow.testing import run_until_idle
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("reset_gates")]
-
-
-def in_threads(*targets: Callable[[], Any]) -> list[Any]:
-    """Run each target on its own thread (own Django connection); re-raise failures."""
-    results: list[Any] = [None] * len(targets)
-    errors: list[BaseException] = []
-
-    def runner(index: int, target: Callable[[], Any]) -> None:
-        try:
-            results[index] = target()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=runner, args=(i, t)) for i, t in enumerate(targets)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def test_two_workers_racing_for_one_command_apply_it_once():

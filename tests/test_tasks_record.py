@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
 import vertique_workflow as wf
-from tests.conftest import connect, history_events, table_counts
+from tests.conftest import connect, history_events, in_threads, table_counts
 from vertique_workflow.models import (
     WorkflowCommand,
     WorkflowDedup,
@@ -64,26 +64,6 @@ def open_task(workflow_id: uuid.UUID, **kwargs: Any) -> uuid.UUID:
     values.update(kwargs)
     tasks.insert_open(task_id, workflow_id, **values)
     return task_id
-
-
-def in_threads(*targets: Callable[[], Any]) -> list[Any]:
-    """Each target on a thread of its own (own connection); exceptions are returned."""
-    results: list[Any] = [None] * len(targets)
-
-    def runner(index: int, target: Callable[[], Any]) -> None:
-        try:
-            results[index] = target()
-        except BaseException as exc:
-            results[index] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=runner, args=(i, t)) for i, t in enumerate(targets)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return results
 
 
 def wait_for_lock_waiters(count: int) -> None:
@@ -209,7 +189,7 @@ def test_a_racer_with_the_same_key_and_another_payload_is_a_conflict():
 
         thread = threading.Thread(
             target=lambda: racers.extend(
-                in_threads(racer({"comment": "b"}), racer({"comment": "a"}))
+                in_threads(racer({"comment": "b"}), racer({"comment": "a"}), raise_errors=False)
             )
         )
         thread.start()
@@ -235,7 +215,7 @@ def test_two_users_completing_one_task_concurrently_one_wins():
 
         return complete
 
-    results = in_threads(user("ann-1", "approve"), user("bob-1", "reject"))
+    results = in_threads(user("ann-1", "approve"), user("bob-1", "reject"), raise_errors=False)
     won = [r for r in results if isinstance(r, wf.TaskCompletionReceipt)]
     lost = [r for r in results if isinstance(r, wf.WorkflowConflict)]
     assert len(won) == 1 and len(lost) == 1, results
