@@ -21,6 +21,7 @@ class ExpenseFormV2(ExpenseForm):
     manager = forms.CharField(
         max_length=255,
         initial="admin",
+        required=False,  # blank: the workflow's default, the demo's admin
         help_text="user name the approval task is assigned to (the demo's admin)",
     )
 

@@ -46,8 +46,9 @@ def index(request: HttpRequest) -> HttpResponse:
             "amount": data["amount"],
             "description": data["description"],
             "submitted_by": data["submitted_by"],
-            "manager": data["manager"],
         }
+        if data["manager"].strip():
+            payload["manager"] = data["manager"].strip()
         try:
             with transaction.atomic():
                 ref = wf.start(
