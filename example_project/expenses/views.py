@@ -1,25 +1,37 @@
-"""The demo pages: submit expenses, approve or reject them, read their history."""
+"""The demo pages: submit expenses, decide their approval tasks, send receipts, read history.
+
+Version 2 expenses wait for a human task: the detail page shows the open
+task with approve / reject forms (only to a user ``wf.can_complete`` lets
+act), "My tasks" lists a user's tasks. Version 1 expenses (started before
+version 2 was deployed) still take the approve / reject signals. Every
+refusal of the API comes back as a form error or a message, never a 500.
+"""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
+from django import forms
 from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 import vertique_workflow as wf
-from vertique_workflow.models import WorkflowInstance
+from vertique_workflow.models import WorkflowInstance, WorkflowTask
 
-from .forms import ExpenseForm
+from .forms import ApproveForm, ExpenseFormV2, ReceiptForm, RejectForm
 from .models import Payment
 
 DEFINITION_ID = "expense-approval"
 DECISIONS = {"approve": "approved", "reject": "rejected"}
 BUTTONS = [("approve", "Approve"), ("reject", "Reject")]
 IN_FLIGHT = {"PENDING", "RUNNING"}  # the detail page reloads itself meanwhile
+ACTIVE_TASK = ["OPEN", "COMPLETING"]
+RECEIPT_STEP = "receipt"  # version 2's wait for the "receipt" signal
 
 
 def _actor_name(request: HttpRequest) -> str:
@@ -27,7 +39,7 @@ def _actor_name(request: HttpRequest) -> str:
 
 
 def index(request: HttpRequest) -> HttpResponse:
-    form = ExpenseForm(request.POST or None)
+    form = ExpenseFormV2(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         payload = {
@@ -35,6 +47,8 @@ def index(request: HttpRequest) -> HttpResponse:
             "description": data["description"],
             "submitted_by": data["submitted_by"],
         }
+        if data["manager"].strip():
+            payload["manager"] = data["manager"].strip()
         try:
             with transaction.atomic():
                 ref = wf.start(
@@ -70,21 +84,182 @@ def index(request: HttpRequest) -> HttpResponse:
     )
 
 
-def detail(request: HttpRequest, instance_id: uuid.UUID) -> HttpResponse:
+def _instance(instance_id: uuid.UUID) -> wf.InstanceView:
     try:
         instance = wf.get(instance_id)
     except wf.WorkflowNotFound:
         raise Http404("no such workflow instance") from None
     if instance.definition_id != DEFINITION_ID:
         raise Http404("not an expense workflow")
+    return instance
+
+
+def _open_task(instance_id: uuid.UUID) -> wf.TaskView | None:
+    """The instance's open (or completing) task, if it waits at a task step."""
+    row = (
+        WorkflowTask.objects.filter(workflow_id=instance_id, status__in=ACTIVE_TASK)
+        .order_by("-created_at")
+        .first()
+    )
+    if row is None:
+        return None
+    try:
+        return wf.get_task(row.id)
+    except wf.WorkflowNotFound:
+        return None
+
+
+def _render_detail(
+    request: HttpRequest, instance: wf.InstanceView, status: int = 200, **bound: forms.Form
+) -> HttpResponse:
+    task = _open_task(instance.id)
+    may_decide = task is not None and task.status == "OPEN" and wf.can_complete(request.user, task)
+    waits_for_receipt = instance.status == "WAITING" and instance.current_step == RECEIPT_STEP
     return render(
         request,
         "expenses/detail.html",
         {
             "instance": instance,
-            "history": wf.history_of(instance_id),
-            "decisions": BUTTONS,
-            "refresh": instance.status in IN_FLIGHT,
+            "history": wf.history_of(instance.id),
+            "decisions": BUTTONS if instance.definition_version == 1 else [],
+            "refresh": instance.status in IN_FLIGHT or (task is not None and task.status != "OPEN"),
+            "task": task,
+            "tasks": WorkflowTask.objects.filter(workflow_id=instance.id).order_by("created_at"),
+            "may_decide": may_decide,
+            "approve_form": bound.get("approve_form") or (ApproveForm() if may_decide else None),
+            "reject_form": bound.get("reject_form") or (RejectForm() if may_decide else None),
+            "receipt_form": bound.get("receipt_form")
+            or (ReceiptForm() if waits_for_receipt else None),
+        },
+        status=status,
+    )
+
+
+def detail(request: HttpRequest, instance_id: uuid.UUID) -> HttpResponse:
+    return _render_detail(request, _instance(instance_id))
+
+
+@require_POST
+def complete(
+    request: HttpRequest, instance_id: uuid.UUID, task_id: uuid.UUID, decision: str
+) -> HttpResponse:
+    """Complete the task shown on the detail page: ``wf.complete_task`` with the form's key.
+
+    It records the completion (the task becomes COMPLETING); the executor
+    then completes it and moves the workflow on.
+    """
+    instance = _instance(instance_id)
+    form_class = {"approve": ApproveForm, "reject": RejectForm}.get(decision)
+    if form_class is None:
+        raise Http404("unknown decision")
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    form = form_class(request.POST)
+    name = f"{decision}_form"
+    try:
+        task = wf.get_task(task_id)
+    except wf.WorkflowNotFound:
+        raise Http404("no such task") from None
+    if task.instance_id != instance.id:
+        raise Http404("not a task of this expense")
+    if not form.is_valid():
+        return _render_detail(request, instance, **{name: form})
+    if not wf.can_complete(request.user, task):
+        form.add_error(None, "You may not decide this task.")
+        return _render_detail(request, instance, status=403, **{name: form})
+    by = request.user.get_username()
+    payload: dict[str, Any] = {"approved_by": by}
+    if decision == "reject":
+        payload = {"rejected_by": by}
+        if form.cleaned_data["reason"].strip():
+            payload["reason"] = form.cleaned_data["reason"].strip()
+    try:
+        with transaction.atomic():
+            receipt = wf.complete_task(
+                task.id,
+                decision,
+                payload,
+                idempotency_key=str(form.cleaned_data["idempotency_key"]),
+                actor=wf.Actor.user(by),
+            )
+    except wf.WorkflowNotFound:
+        raise Http404("no such task") from None
+    except (wf.WorkflowConflict, wf.WorkflowValidationError) as exc:
+        # a rejection's payload is the reason and our own rejected_by: a schema
+        # refusal is about the reason, so show it on that field
+        on_reason = decision == "reject" and isinstance(exc, wf.WorkflowValidationError)
+        form.add_error("reason" if on_reason else None, wf.user_message(exc))
+        return _render_detail(request, instance, **{name: form})
+    if receipt.duplicate:
+        messages.info(request, "Already recorded (the same form was sent twice).")
+    else:
+        messages.success(request, f"{task.name}: {DECISIONS[decision]} by {by}.")
+    return redirect("expenses:detail", instance_id=instance.id)
+
+
+@require_POST
+def receipt(request: HttpRequest, instance_id: uuid.UUID) -> HttpResponse:
+    """Send the receipt an approved expense waits for: the ``receipt`` signal."""
+    instance = _instance(instance_id)
+    form = ReceiptForm(request.POST)
+    if not form.is_valid():
+        return _render_detail(request, instance, receipt_form=form)
+    try:
+        with transaction.atomic():
+            sent = wf.signal(
+                instance.id,
+                "receipt",
+                {"receipt_url": form.cleaned_data["receipt_url"]},
+                dedup_key=str(form.cleaned_data["idempotency_key"]),
+                actor=wf.Actor.user(_actor_name(request)),
+            )
+    except (wf.WorkflowConflict, wf.WorkflowValidationError) as exc:
+        form.add_error(None, wf.user_message(exc))
+        return _render_detail(request, instance, receipt_form=form)
+    if sent.duplicate:
+        messages.info(request, "Receipt already sent (the same form was sent twice).")
+    else:
+        messages.success(request, "Receipt sent.")
+    return redirect("expenses:detail", instance_id=instance.id)
+
+
+def my_tasks(request: HttpRequest) -> HttpResponse:
+    """The signed-in user's open tasks: assigned, named as candidate, or for their groups.
+
+    A supervisor (a user with the task permission, e.g. the demo's admin)
+    also gets every open expense task, one keyset page at a time.
+    """
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    name = request.user.get_username()
+    groups = list(request.user.groups.values_list("name", flat=True))
+    mine: dict[uuid.UUID, wf.TaskView] = {}
+    queries: list[dict[str, Any]] = [{"assignee": name}, {"candidate_user": name}]
+    if groups:
+        queries.append({"candidate_groups": groups})
+    for query in queries:
+        page = wf.tasks(status=ACTIVE_TASK, definition_id=DEFINITION_ID, limit=100, **query)
+        for item in page.items:
+            mine.setdefault(item.id, item)
+    everyone = None
+    if request.user.has_perm("vertique_workflow.change_workflowtask"):
+        try:
+            everyone = wf.tasks(
+                status=ACTIVE_TASK,
+                definition_id=DEFINITION_ID,
+                limit=20,
+                cursor=request.GET.get("cursor") or None,
+            )
+        except wf.WorkflowValidationError as exc:
+            messages.error(request, wf.user_message(exc))
+            everyone = wf.tasks(status=ACTIVE_TASK, definition_id=DEFINITION_ID, limit=20)
+    return render(
+        request,
+        "expenses/tasks.html",
+        {
+            "mine": sorted(mine.values(), key=lambda t: t.updated_at, reverse=True),
+            "groups": groups,
+            "everyone": everyone,
         },
     )
 
