@@ -21,7 +21,6 @@ from . import context, failures, payloads
 from .conf import workflow_settings
 from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
-from .pins import _check_schema as check_schema
 from .pins import resolve_start_pin, signal_schema_source
 from .store import commands, db, dedup, history, instances
 from .store import definitions as registry
@@ -676,7 +675,7 @@ def _check_decision(row: tasks_store.TaskRow, decision: str, payload: Any) -> No
         )
     schema = (declared.get(decision) or {}).get("payloadSchema")
     if schema is not None:
-        check_schema(schema, payload, f"payload of decision {decision!r}")
+        payloads.check_schema(schema, payload, f"payload of decision {decision!r}")
 
 
 def complete_task(

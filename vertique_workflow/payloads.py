@@ -200,3 +200,15 @@ def schema_failure(validator: Any, payload: Any) -> str | None:
         rule = f"missing required {shown}" + (f" and {more} more" if more > 0 else "")
     return f"at {error.json_path}: {rule}"
 
+
+def check_schema(schema: dict[str, Any], payload: Any, what: str) -> None:
+    """Refuse ``payload`` failing the JSON Schema ``schema`` (``WorkflowValidationError``).
+
+    The record side's check of a payload against a schema read from the
+    registry or a task row; the message is :func:`schema_failure`'s.
+    """
+    from jsonschema import Draft202012Validator
+
+    failure = schema_failure(Draft202012Validator(schema), payload)
+    if failure is not None:
+        raise WorkflowValidationError(f"{what} does not match its schema {failure}")

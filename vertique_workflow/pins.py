@@ -13,10 +13,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from .definitions import Plan, catalog
 from .exceptions import WorkflowNotFound, WorkflowValidationError
+from .payloads import check_schema
 from .store import definitions as registry
 from .store.instances import InstanceRow
 
@@ -104,7 +103,7 @@ class Pin:
         if self.plan is not None:
             self.plan.check_start_payload(payload)
         elif self.start_schema is not None:
-            _check_schema(self.start_schema, payload, f"start payload of {self.definition_id!r}")
+            check_schema(self.start_schema, payload, f"start payload of {self.definition_id!r}")
 
     def admit(self) -> None:
         registry.admit_pin(self.scope, self.definition_id, self.version, self.plan_hash)
@@ -154,7 +153,7 @@ class SignalSchemas:
             return
         schema = None if self.declared is None else self.declared[name]
         if schema is not None:
-            _check_schema(schema, payload, f"payload of signal {name!r}")
+            check_schema(schema, payload, f"payload of signal {name!r}")
 
 
 def signal_schema_source(row: InstanceRow) -> SignalSchemas:
@@ -173,13 +172,3 @@ def signal_schema_source(row: InstanceRow) -> SignalSchemas:
     if not found and plan is not None:
         declared = dict(plan.signals)
     return SignalSchemas(row.definition_id, plan, declared)
-
-
-def _check_schema(schema: dict[str, Any], payload: Any, what: str) -> None:
-    error = next(iter(Draft202012Validator(schema).iter_errors(payload)), None)
-    if error is not None:
-        # the path and the rule only: jsonschema's message quotes the value
-        raise WorkflowValidationError(
-            f"{what} does not match its schema at {error.json_path}: "
-            f"{error.validator!r} rule failed"
-        )
