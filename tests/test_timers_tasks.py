@@ -356,3 +356,14 @@ def test_a_timer_stores_the_drives_durable_context_and_binds_it_when_it_fires():
         assert wf.get(ref.id).state["tenant"] == "acme"
     finally:
         unregister_durable("tenant")
+
+
+def test_advancing_time_moves_the_tasks_due_date_with_its_due_timer():
+    instance = review()
+    task = WorkflowTask.objects.get(workflow_id=instance)
+    due = WorkflowTimer.objects.get(workflow_id=instance, purpose="TASK_DUE")
+    assert task.due_at == due.fire_at
+    advance_time("1d")
+    task.refresh_from_db()
+    due.refresh_from_db()
+    assert task.due_at == due.fire_at == command_of(due).fire_at

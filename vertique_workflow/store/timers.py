@@ -197,7 +197,12 @@ due AS (
 ), shifted AS (
     UPDATE {T["timers"]} t SET fire_at = due.fire_at, updated_at = now()
     FROM due WHERE t.id = due.id
-    RETURNING t.fire_at
+    RETURNING t.fire_at, t.purpose, t.task_id
+), due_dates AS (
+    UPDATE {T["tasks"]} k SET due_at = shifted.fire_at, updated_at = now()
+    FROM shifted
+    WHERE shifted.purpose = 'TASK_DUE' AND k.id = shifted.task_id
+      AND k.status IN ('OPEN', 'COMPLETING')
 )
 SELECT count(*) FILTER (WHERE fire_at <= (SELECT t FROM clock)) FROM shifted
 """
@@ -331,8 +336,9 @@ def make_due(workflow_id: Any = None, *, advance: datetime.timedelta | None = No
     when ``workflow_id`` is None) fires ``advance`` earlier: one due within
     it fires now, a later one stays that much closer, so advancing twice by
     a day fires what two days would. Without it every timer fires now. The
-    TIMER commands' ``fire_at`` and ``available_at`` and the timer rows'
-    ``fire_at`` move on the database clock (the transaction's ``now()``, so
+    TIMER commands' ``fire_at`` and ``available_at``, the timer rows'
+    ``fire_at`` and the due date of a task whose DUE timer moved, move on
+    the database clock (the transaction's ``now()``, so
     a test wrapped in one transaction sees them due); returns the number of
     timers now due. The executor then runs them through the command log as
     it would at their time, in their queue order.
