@@ -80,13 +80,17 @@ def decision_entries(
     fields = frozenset(redacted_fields)
     entries: list[HistoryEntry] = []
     version = state_version
-    if baseline_needed and decisions:
-        entries.append(baseline(decisions[0].before, version, decisions[0].step_id, fields))
+    first = next((d for d in decisions if d.branch is None), None)
+    if baseline_needed and first is not None:
+        entries.append(baseline(first.before, version, first.step_id, fields))
     for decision in decisions:
         before = redact(decision.before, fields)
         after = redact(decision.after, fields)
         patch = jsonpatch.make_patch(before, after).patch
         oversized = len(json.dumps(patch, separators=(",", ":"))) > max_patch_bytes
+        if decision.branch is not None:
+            entries.append(_branch_entry(decision, patch, oversized))
+            continue
         changed = bool(patch)
         entry = HistoryEntry(
             "DECISION",
@@ -103,6 +107,23 @@ def decision_entries(
         if oversized:
             entries.append(baseline(decision.after, version, decision.step_id, fields))
     return entries, version
+
+
+def _branch_entry(decision: Decision, patch: list[Any], oversized: bool) -> HistoryEntry:
+    """A step a branch token took: its patch is over the branch's own state.
+
+    ``BRANCH_DECISION`` entries carry no state version (they do not change
+    the instance's state) and :func:`replay` of the instance state skips
+    them; the branch, fork and token they belong to are in the payload.
+    """
+    return HistoryEntry(
+        "BRANCH_DECISION",
+        {"outcome": decision.outcome, **decision.detail, **(decision.branch or {})},
+        step_id=decision.step_id,
+        outcome=decision.outcome,
+        patch=None if oversized else patch,
+        entry_version=ENTRY_VERSION_DECISION_LOG,
+    )
 
 
 def replay(entries: Iterable[tuple[str, dict[str, Any] | None, list[Any] | None]]) -> Any:

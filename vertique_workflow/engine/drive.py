@@ -11,14 +11,19 @@ engine never touches the database.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..definitions import Plan, Step
 from ..exceptions import NonRetryable, WorkflowDefinitionError, WorkflowValidationError
 from ..payloads import json_size
-from .events import Completion, Event, Refusal, Resume, Signal, Start, TimerFired
+from .effects import CreateBranches, OpenJoin, ScheduleTimer, SupersedeBranches, UpdateBranches
+from .effects import OpenTask as OpenTaskEffect
+from .events import Completion, Event, Refusal, Resume, Signal, Start, TimerFired, late_callback
 from .steps import KINDS, StepKind
+from .tokens import JoinView, Progress, Token
 from .transition import (
     STEP_ATTRIBUTE,
     Decision,
@@ -42,14 +47,17 @@ STEP_NOT_IN_PLAN = "STEP_NOT_IN_PLAN"
 class Snapshot:
     """The instance as the segment read it, under the execution lock.
 
-    ``current_step`` is where the instance's token stands (the step it waits
-    at, or the step it failed at); ``state`` the stored state JSON. Branch
-    tokens join the snapshot with fork/join.
+    ``current_step`` is where the instance's own token stands (the step it
+    waits at, or the step it failed at); ``state`` the stored state JSON.
+    ``branches`` are the branch tokens of its forks and ``joins`` their
+    joins' progress by join key (read only for plans that fork).
     """
 
     status: str
     current_step: str | None
     state: dict[str, Any] | None
+    branches: tuple[Token, ...] = ()
+    joins: Mapping[str, JoinView] = field(default_factory=dict)
 
 
 def state_of(plan: Plan, state_json: Any, code: str, step_id: str) -> Any:
@@ -111,45 +119,28 @@ def check_state_size(result: DriveResult, limit: int | None) -> None:
 
 def drive(plan: Plan, snapshot: Snapshot, event: Event, facts: RunFacts) -> Transition:
     """The transition ``event`` makes from ``snapshot`` (the segment's one engine call)."""
+    tokens = Drive(plan, facts, snapshot)
     if isinstance(event, Start):
         state = state_of(plan, event.payload or {}, "PAYLOAD_INVALID", plan.start)
-        result = _run(Run(plan, facts, state, plan.state_to_json(state)), plan.start)
+        tokens.go(tokens.main_run(state), plan.start)
     elif isinstance(event, Resume):
         current_step_of(plan, event.step_id)  # a step the code lost fails as STEP_NOT_IN_PLAN
         state = state_of(plan, snapshot.state, "STATE_INVALID", event.step_id)
-        result = _run(Run(plan, facts, state, plan.state_to_json(state)), event.step_id)
+        tokens.go(tokens.main_run(state), event.step_id)
     else:
-        result = _deliver(plan, snapshot, event, facts)
+        refusal = tokens.deliver(event)
+        if refusal is not None:
+            return DriveResult(
+                applied=False,
+                status=snapshot.status,
+                current_step=snapshot.current_step,
+                state=snapshot.state,
+                refusal=refusal,
+            )
+    tokens.execute()
+    result = tokens.result()
     check_state_size(result, facts.max_state_bytes)
     return result
-
-
-def _deliver(
-    plan: Plan, snapshot: Snapshot, event: Signal | TimerFired | Completion, facts: RunFacts
-) -> DriveResult:
-    """Offer an event to the step the instance waits at; refused => nothing changes."""
-    step = current_step_of(plan, snapshot.current_step) if snapshot.current_step else None
-    kind = _kind(plan, step) if step is not None else None
-    refusal = (
-        event.refused(snapshot.current_step)
-        if step is None or kind is None or kind.refusal is None
-        else kind.refusal(step, event)
-    )
-    if refusal is None:
-        assert step is not None and kind is not None and kind.accept is not None
-        state = state_of(plan, snapshot.state, "STATE_INVALID", step.id)
-        run = Run(plan, facts, state, plan.state_to_json(state))
-        moved = kind.accept(run, step, event)  # a kind may still refuse, having seen the state
-        if not isinstance(moved, Refusal):
-            return _halted(run, step, moved) if isinstance(moved, Halt) else _run(run, moved)
-        refusal = moved
-    return DriveResult(
-        applied=False,
-        status=snapshot.status,
-        current_step=snapshot.current_step,
-        state=snapshot.state,
-        refusal=refusal,
-    )
 
 
 def _kind(plan: Plan, step: Step) -> StepKind:
@@ -163,33 +154,287 @@ def _kind(plan: Plan, step: Step) -> StepKind:
     return kind
 
 
-def _halted(run: Run, step: Step, halt: Halt) -> DriveResult:
-    return DriveResult(
-        True,
-        halt.status,
-        step.id,
-        run.before,
-        run.decisions,
-        error_type=halt.error_type,
-        error_message=halt.error_message,
-        waiting=halt.waiting,
-        effects=run.effects,
-    )
+# How a branch token's run halts, as the token's stored status.
+_BRANCH_STATUS = {"WAITING": "WAITING", "ARRIVED": "COMPLETED", "BRANCH_FAILED": "FAILED"}
 
 
-def _run(run: Run, step_id: str) -> DriveResult:
-    plan = run.plan
-    for _ in range(MAX_STEPS_PER_SEGMENT):
-        step = plan.step(step_id)
-        moved = _kind(plan, step).enter(run, step)
+class Drive:
+    """One transition in progress: the instance's token and its branch tokens.
+
+    Runs are driven one after another from ``pending`` (a fork adds one per
+    branch; a decided join adds the token that forked), each until it halts:
+    waits, ends, arrives at its join or fails there. ``result`` turns the
+    halts into the transition: the instance's status, step and state, and
+    the branch tokens to create, move or supersede.
+    """
+
+    def __init__(self, plan: Plan, facts: RunFacts, snapshot: Snapshot) -> None:
+        self.plan, self.facts, self.snapshot = plan, facts, snapshot
+        self.decisions: list[Decision] = []
+        self.effects: list[Any] = []
+        self.tokens: dict[str, Token] = {str(t.id): t for t in snapshot.branches}
+        self.runs: dict[str | None, Run] = {}
+        self.halts: dict[str | None, tuple[Step, Halt]] = {}
+        self.pending: list[tuple[Run, str]] = []
+        self.created: set[str] = set()
+        self.superseded: set[str] = set()
+        self.joins: dict[str, Progress] = {
+            key: Progress(
+                view.join_key, view.fork_key, view.expected, list(view.arrived), view.decided
+            )
+            for key, view in snapshot.joins.items()
+        }
+
+    # -- runs ---------------------------------------------------------------
+
+    def _new_run(self, state: Any, token: Token | None) -> Run:
+        run = Run(
+            self.plan,
+            self.facts,
+            state,
+            self.plan.state_to_json(state),
+            self.decisions,
+            self.effects,
+            token=token,
+            drive=self,
+        )
+        self.runs[run.key] = run
+        return run
+
+    def main_run(self, state: Any = None) -> Run:
+        """The run of the instance's own token (built from the snapshot's state when needed)."""
+        run = self.runs.get(None)
+        if run is None:
+            if state is None:
+                step = self.snapshot.current_step or self.plan.start
+                state = state_of(self.plan, self.snapshot.state, "STATE_INVALID", step)
+            run = self._new_run(state, None)
+        return run
+
+    def token_run(self, token: Token) -> Run:
+        """The run of a branch token (its state built from the stored branch state)."""
+        run = self.runs.get(str(token.id))
+        if run is None:
+            state = state_of(self.plan, token.state, "STATE_INVALID", token.current_step or "")
+            run = self._new_run(state, token)
+        return run
+
+    def parent_run(self, token: Token) -> Run:
+        """The run of the token that forked ``token``'s branch."""
+        if token.parent_id is None:
+            return self.main_run()
+        return self.token_run(self.tokens[token.parent_id])
+
+    def go(self, run: Run, step_id: str) -> None:
+        """Drive ``run`` from ``step_id`` (after the runs already pending)."""
+        self.pending.append((run, step_id))
+
+    def spawn(
+        self, parent: Run, fork_key: str, join_key: str, branches: list[tuple[str, str, Any]]
+    ) -> None:
+        """Create one branch token per (branch id, first step, item) and drive each."""
+        self.effects.append(OpenJoin(join_key, fork_key, len(branches)))
+        self.joins[join_key] = Progress(join_key, fork_key, len(branches))
+        for branch_id, first_step, item in branches:
+            token = Token(
+                uuid.uuid4(), fork_key, branch_id, "RUNNING", first_step, parent.before, item
+            )
+            key = str(token.id)
+            self.tokens[key] = token
+            self.created.add(key)
+            state = self.plan.state_from_json(parent.before)
+            self.go(self._new_run(state, token), first_step)
+
+    def siblings(self, fork_key: str) -> list[Token]:
+        """Every branch token of the fork ``fork_key``, as it stands now in this drive."""
+        return [t for t in self.tokens.values() if t.fork_key == fork_key]
+
+    def supersede(self, tokens: list[Token]) -> None:
+        """Supersede live branch tokens (and, through their keys, every nested branch)."""
+        for token in tokens:
+            key = str(token.id)
+            if key in self.superseded or not self._live(token):
+                continue
+            self.superseded.add(key)
+            nested = [t for t in self.tokens.values() if t.parent_id == key]
+            self.supersede(nested)
+
+    def _live(self, token: Token) -> bool:
+        halt = self.halts.get(str(token.id))
+        if halt is not None:
+            return _BRANCH_STATUS.get(halt[1].status) == "WAITING"
+        return token.live
+
+    def progress(self, join_key: str) -> Progress:
+        return self.joins[join_key]
+
+    def execute(self) -> None:
+        """Drive every pending run until each halts (a superseded branch stops where it is)."""
+        while self.pending:
+            run, step_id = self.pending.pop(0)
+            if run.key is not None and run.key in self.superseded:
+                continue
+            self._run(run, step_id)
+
+    def _run(self, run: Run, step_id: str) -> None:
+        plan = self.plan
+        for _ in range(MAX_STEPS_PER_SEGMENT):
+            step = plan.step(step_id)
+            moved = _kind(plan, step).enter(run, step)
+            if isinstance(moved, Halt):
+                self.halts[run.key] = (step, moved)
+                return
+            step_id = moved
+        exc = NonRetryable(
+            "STEP_LIMIT_EXCEEDED", f"ran {MAX_STEPS_PER_SEGMENT} steps without waiting or ending"
+        )
+        mark_step(exc, step_id)
+        raise exc
+
+    # -- events ---------------------------------------------------------------
+
+    def addressed(self, event: Signal | TimerFired | Completion) -> Token | Refusal | None:
+        """The branch token an event is for: None for the instance's own token.
+
+        A signal for a branch that does not exist yet is parked (its fork may
+        create it); an event for a branch that was superseded or has ended is
+        a late callback.
+        """
+        if isinstance(event, Signal):
+            if event.branch is None:
+                return None
+            fork, branch_id = event.branch
+            found = [
+                t
+                for t in self.tokens.values()
+                if t.branch_id == branch_id and fork in (t.fork_key, t.fork_step)
+            ]
+            live = [t for t in found if t.live]
+            if live:
+                return live[0]
+            return late_callback(event.kind) if found else event.refused(None)
+        token_id = event.branch_token_id
+        if token_id is None:
+            return None
+        token = self.tokens.get(str(token_id))
+        if token is None or not token.live:
+            return late_callback(event.kind)
+        return token
+
+    def deliver(self, event: Signal | TimerFired | Completion) -> Refusal | None:
+        """Offer ``event`` to the step its token waits at; a refusal changes nothing."""
+        token = self.addressed(event)
+        if isinstance(token, Refusal):
+            return token
+        step_id = self.snapshot.current_step if token is None else token.current_step
+        step = current_step_of(self.plan, step_id) if step_id else None
+        kind = _kind(self.plan, step) if step is not None else None
+        if step is None or kind is None or kind.refusal is None:
+            return event.refused(step_id)
+        refusal = kind.refusal(step, event)
+        if refusal is not None:
+            return refusal
+        assert kind.accept is not None
+        run = self.main_run() if token is None else self.token_run(token)
+        moved = kind.accept(run, step, event)  # a kind may still refuse, having seen the state
+        if isinstance(moved, Refusal):
+            return moved
         if isinstance(moved, Halt):
-            return _halted(run, step, moved)
-        step_id = moved
-    exc = NonRetryable(
-        "STEP_LIMIT_EXCEEDED", f"ran {MAX_STEPS_PER_SEGMENT} steps without waiting or ending"
-    )
-    mark_step(exc, step_id)
-    raise exc
+            self.halts[run.key] = (step, moved)
+        else:
+            self.go(run, moved)
+        return None
+
+    # -- the transition -------------------------------------------------------
+
+    def result(self) -> DriveResult:
+        snapshot = self.snapshot
+        main = self.halts.get(None)
+        if main is None:
+            result = DriveResult(
+                True,
+                snapshot.status,
+                snapshot.current_step,
+                snapshot.state,
+                self.decisions,
+                effects=self.effects,
+            )
+        else:
+            step, halt = main
+            result = DriveResult(
+                True,
+                halt.status,
+                step.id,
+                self.runs[None].before,
+                self.decisions,
+                error_type=halt.error_type,
+                error_message=halt.error_message,
+                waiting=halt.waiting,
+                effects=self.effects,
+            )
+        if self.tokens:
+            self._branch_effects(result)
+        return result
+
+    def _branch_effects(self, result: DriveResult) -> None:
+        created: list[Token] = []
+        moved: list[Token] = []
+        superseded: list[Token] = []
+        for key, (step, halt) in self.halts.items():
+            if key is None:
+                continue
+            token = self.tokens[key]
+            status = _BRANCH_STATUS.get(halt.status, "COMPLETED")
+            if key in self.superseded:
+                status = "SUPERSEDED"
+            now = Token(
+                token.id,
+                token.fork_key,
+                token.branch_id,
+                status,
+                step.id,
+                self.runs[key].before,
+                token.item,
+            )
+            (created if key in self.created else moved).append(now)
+            if status == "WAITING":
+                result.branch_waits.append((token.fork_key, token.branch_id, halt.waiting))
+        for key in self.superseded:
+            if key not in self.halts:
+                token = self.tokens[key]
+                if key in self.created:  # created and superseded before it ran
+                    created.append(
+                        Token(
+                            token.id,
+                            token.fork_key,
+                            token.branch_id,
+                            "SUPERSEDED",
+                            token.current_step,
+                            token.state,
+                            token.item,
+                        )
+                    )
+                else:
+                    superseded.append(token)
+            elif key not in self.created:
+                superseded.append(self.tokens[key])
+        doomed = {str(t.id) for t in created if t.status == "SUPERSEDED"}
+        if doomed:  # what a branch superseded in this same drive asked for is not written
+            result.effects[:] = [
+                e
+                for e in result.effects
+                if not (
+                    isinstance(e, ScheduleTimer | OpenTaskEffect)
+                    and str(e.branch_token_id) in doomed
+                )
+            ]
+        moved = [t for t in moved if str(t.id) not in {str(s.id) for s in superseded}]
+        if created:
+            result.effects.append(CreateBranches(tuple(created)))
+        if superseded:
+            result.effects.append(SupersedeBranches(tuple(superseded)))
+        if moved:
+            result.effects.append(UpdateBranches(tuple(moved)))
 
 
 __all__ = [
@@ -197,6 +442,7 @@ __all__ = [
     "STEP_NOT_IN_PLAN",
     "Completion",
     "Decision",
+    "Drive",
     "DriveResult",
     "Resume",
     "RunFacts",

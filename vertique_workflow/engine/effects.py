@@ -14,14 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "Arrive",
     "CancelTasks",
     "CancelTimers",
     "CloseAll",
     "CompleteTask",
+    "CreateBranches",
+    "DecideJoin",
     "Effect",
     "FireTimer",
+    "OpenJoin",
     "OpenTask",
     "ScheduleTimer",
+    "SupersedeBranches",
+    "UpdateBranches",
 ]
 
 
@@ -41,6 +47,9 @@ class ScheduleTimer:
     delay_seconds: float | None = None
     fire_at: datetime.datetime | None = None
     target: dict[str, Any] | None = None
+    branch_token_id: Any = None
+    fork_step_id: str | None = None
+    branch_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class CancelTimers:
 
     step_id: str
     purposes: tuple[str, ...] = ()
+    branch_token_id: Any = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,9 @@ class OpenTask:
     due_seconds: float | None = None
     reminder_seconds: tuple[float, ...] = ()
     require_version_stability: bool = False
+    branch_token_id: Any = None
+    fork_step_id: str | None = None
+    branch_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,7 @@ class CancelTasks:
 
     step_id: str
     task_ids: tuple[Any, ...] = field(default_factory=tuple)
+    branch_token_id: Any = None
 
 
 @dataclass(frozen=True)
@@ -110,4 +124,71 @@ class CloseAll:
     """
 
 
-Effect = ScheduleTimer | CancelTimers | FireTimer | OpenTask | CompleteTask | CancelTasks | CloseAll
+@dataclass(frozen=True)
+class CreateBranches:
+    """Insert the branch tokens a fork created, as they stand at the end of the drive.
+
+    One statement for all of them (a fan-out of hundreds of branches is one
+    insert); ``metadata`` is the durable context at the fork, written once.
+    """
+
+    tokens: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class UpdateBranches:
+    """Move existing branch tokens (status, step, state); metadata is never rewritten."""
+
+    tokens: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class SupersedeBranches:
+    """A decided join no longer needs these live branches: supersede them.
+
+    Their scheduled timers and open tasks are cancelled and their parked
+    signals settled with them (timers, then tasks, then the tokens).
+    """
+
+    tokens: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class OpenJoin:
+    """Start (or restart, for a fork entered again) the progress of a join."""
+
+    join_key: str
+    fork_key: str
+    expected: int
+
+
+@dataclass(frozen=True)
+class Arrive:
+    """Branches reached their join (or failed): append them to its arrivals."""
+
+    join_key: str
+    arrivals: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class DecideJoin:
+    """The join's policy decided: mark it, so no later arrival decides it again."""
+
+    join_key: str
+
+
+Effect = (
+    ScheduleTimer
+    | CancelTimers
+    | FireTimer
+    | OpenTask
+    | CompleteTask
+    | CancelTasks
+    | CloseAll
+    | CreateBranches
+    | UpdateBranches
+    | SupersedeBranches
+    | OpenJoin
+    | Arrive
+    | DecideJoin
+)

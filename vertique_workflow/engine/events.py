@@ -14,7 +14,16 @@ from typing import Any, ClassVar
 
 from .decision_log import HistoryEntry
 
-__all__ = ["Completion", "Event", "Refusal", "Resume", "Signal", "Start", "TimerFired"]
+__all__ = [
+    "Completion",
+    "Event",
+    "Refusal",
+    "Resume",
+    "Signal",
+    "Start",
+    "TimerFired",
+    "late_callback",
+]
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,24 @@ class Refusal:
     disposition: str
     reason_code: str
     sentence: str
+    # the history entry of the refusal; None: the disposition's own
+    # (SIGNAL_PARKED / COMMAND_PARKED, COMMAND_STALE, COMMAND_REJECTED)
+    entry: str | None = None
+
+
+def late_callback(kind: str) -> Refusal:
+    """An event for a branch that was superseded (or has ended): ignored, never raised.
+
+    The command settles STALE and the history records
+    ``BRANCH_LATE_CALLBACK_IGNORED``, so a zombie callback cannot change
+    the instance's state.
+    """
+    return Refusal(
+        "STALE",
+        "BRANCH_LATE_CALLBACK_IGNORED",
+        f"the {kind} command's branch no longer runs",
+        entry="BRANCH_LATE_CALLBACK_IGNORED",
+    )
 
 
 @dataclass(frozen=True)
@@ -48,6 +75,7 @@ class Signal:
 
     name: str
     payload: Any
+    branch: tuple[str, str] | None = None  # (fork step id, branch id)
     kind: ClassVar[str] = "SIGNAL"
 
     def refused(self, step_id: str | None) -> Refusal:

@@ -9,12 +9,13 @@ refused the event -- how the command settles instead.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..definitions import Plan, StepContext
 from ..exceptions import NonRetryable
-from .effects import Effect
+from .effects import CancelTasks, CancelTimers, Effect, OpenTask, ScheduleTimer
 
 __all__ = [
     "STEP_ATTRIBUTE",
@@ -63,6 +64,9 @@ class Decision:
     before: dict[str, Any]
     after: dict[str, Any]
     detail: dict[str, Any] = field(default_factory=dict)
+    # set for a step a branch token took: {forkStepId, branchId, tokenId}; its
+    # states are the branch's own, logged apart from the instance's state
+    branch: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ class DriveResult:
     waiting: tuple[str, ...] = ()
     effects: list[Effect] = field(default_factory=list)
     refusal: Any = None  # events.Refusal when not applied
+    # branches that now wait: (fork key, branch id, the signal names they accept)
+    branch_waits: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
 
     @property
     def ended(self) -> bool:
@@ -119,9 +125,28 @@ class Run:
     before: dict[str, Any]
     decisions: list[Decision] = field(default_factory=list)
     effects: list[Effect] = field(default_factory=list)
+    # the branch token this run drives (None: the instance's own token) and
+    # the drive it belongs to (forks and joins move other tokens through it)
+    token: Any = None
+    drive: Any = None
+
+    @property
+    def key(self) -> str | None:
+        """The token's id as text; None for the instance's own token."""
+        return None if self.token is None else str(self.token.id)
+
+    def branch_detail(self) -> dict[str, Any] | None:
+        token = self.token
+        if token is None:
+            return None
+        return {"forkStepId": token.fork_key, "branchId": token.branch_id, "tokenId": str(token.id)}
 
     def context(self, step_id: str, **extra: Any) -> StepContext:
         facts = self.facts
+        if self.token is not None:
+            extra.setdefault("branch_id", self.token.branch_id)
+            extra.setdefault("fork_step_id", self.token.fork_step)
+            extra.setdefault("branch_item", self.token.item)
         return StepContext(
             instance_id=facts.instance_id,
             step_id=step_id,
@@ -146,14 +171,29 @@ class Run:
     def log(self, step_id: str, outcome: str, detail: dict[str, Any] | None = None) -> None:
         """Log a step that may have changed the state (the state's JSON is taken again)."""
         after = self.plan.state_to_json(self.state)
-        self.decisions.append(Decision(step_id, outcome, self.before, after, detail or {}))
+        self.decisions.append(
+            Decision(step_id, outcome, self.before, after, detail or {}, self.branch_detail())
+        )
         self.before = after
 
     def note(self, step_id: str, outcome: str, detail: dict[str, Any] | None = None) -> None:
         """Log a step that cannot have changed the state (a wait entered, a timer set)."""
-        self.decisions.append(Decision(step_id, outcome, self.before, self.before, detail or {}))
+        self.decisions.append(
+            Decision(step_id, outcome, self.before, self.before, detail or {}, self.branch_detail())
+        )
 
     def effect(self, effect: Effect) -> None:
+        """Ask for an effect; a branch's timers and tasks carry the branch's identity."""
+        token = self.token
+        if token is not None and isinstance(effect, ScheduleTimer | OpenTask):
+            effect = dataclasses.replace(
+                effect,
+                branch_token_id=token.id,
+                fork_step_id=token.fork_key,
+                branch_id=token.branch_id,
+            )
+        elif token is not None and isinstance(effect, CancelTimers | CancelTasks):
+            effect = dataclasses.replace(effect, branch_token_id=token.id)
         self.effects.append(effect)
 
 
