@@ -1,10 +1,10 @@
-"""The benchmark's workflows: three actions, and start → wait → signal → end."""
+"""The benchmark's workflows: three actions, start → wait → signal → end, and a timer."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from vertique_workflow.definitions import StepContext, Workflow, action, end, wait
+from vertique_workflow.definitions import StepContext, Workflow, action, end, timer, wait
 
 
 class ThreeActions(Workflow[dict]):
@@ -34,4 +34,17 @@ class SignalRoundTrip(Workflow[dict]):
         return {**state, "begun": True}
 
     wait_go = wait("go", next="done")
+    done = end()
+
+
+class TimerAt(Workflow[dict]):
+    """start → a timer until the instant ``state["fire_at"]`` → end (timer lateness)."""
+
+    id, version, contract = "bench-timer", 1, "bench.timer"
+
+    sleep = timer(until="fire_at", next="done", start=True)
+
+    def fire_at(self, state: dict[str, Any]) -> str:
+        return str(state["fire_at"])
+
     done = end()
