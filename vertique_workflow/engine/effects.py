@@ -10,6 +10,7 @@ inspected and replayed without a database.
 from __future__ import annotations
 
 import datetime
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +77,8 @@ class FireTimer:
 class OpenTask:
     """Open a human task at ``step_id``, with its due and reminder timers.
 
-    The segment gives the task its id, records the DUE and REMINDER timers
+    The task's id is chosen here (so its timers can name it); the segment
+    records the DUE and REMINDER timers
     (``due_seconds``, ``reminder_seconds`` from the opening) and then the
     task row, in lock order.
     """
@@ -90,6 +92,7 @@ class OpenTask:
     due_seconds: float | None = None
     reminder_seconds: tuple[float, ...] = ()
     require_version_stability: bool = False
+    task_id: Any = field(default_factory=uuid.uuid4)
     branch_token_id: Any = None
     fork_step_id: str | None = None
     branch_id: str | None = None
