@@ -105,8 +105,11 @@ def test_scoped_keys_round_trip_and_name_the_parent_branch():
     assert branches.split_key(branches.scoped_key("a@b", parent)) == ("a@b", parent)
     workflow_id = waiting_instance()
     nested = new_branch("x", fork_step_id=branches.scoped_key("inner", parent))
-    branches.create(workflow_id, [nested])
+    branches.create(workflow_id, [nested, new_branch("y")])
     assert branches.get(nested.token_id).parent_token_id == parent
+    in_branch = branches.for_instance(workflow_id, fork_key=f"inner@{parent}")
+    assert [r.id for r in in_branch] == [nested.token_id]
+    assert [r.branch_id for r in branches.for_instance(workflow_id, fork_key="fork")] == ["y"]
 
 
 def test_update_changes_status_step_and_state_in_one_statement_and_keeps_item_and_metadata():

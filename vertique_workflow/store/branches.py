@@ -151,6 +151,7 @@ ORDER BY n.ord
 FOR_INSTANCE = f"""
 SELECT {_COLUMNS} FROM {T["branch_tokens"]}
 WHERE workflow_id = %(wf)s AND (NOT %(live)s OR status IN {LIVE_STATUSES!r})
+  AND (%(fork)s::text IS NULL OR fork_step_id = %(fork)s::text)
 ORDER BY fork_step_id, created_at, id
 """
 
@@ -249,12 +250,16 @@ def create(workflow_id: Any, branches: Sequence[NewBranch]) -> None:
     assert inserted == len(branches)
 
 
-def for_instance(workflow_id: Any, *, live_only: bool = False) -> list[BranchRow]:
+def for_instance(
+    workflow_id: Any, *, live_only: bool = False, fork_key: str | None = None
+) -> list[BranchRow]:
     """The instance's tokens (``live_only``: RUNNING, WAITING, RETRY_SCHEDULED).
 
-    Ordered by fork key, then the order the fork created them.
+    ``fork_key`` keeps the tokens of one fork (its scoped key). Ordered by
+    fork key, then the order the fork created them.
     """
-    return [_row(r) for r in db.fetchall(FOR_INSTANCE, {"wf": workflow_id, "live": live_only})]
+    params = {"wf": workflow_id, "live": live_only, "fork": fork_key}
+    return [_row(r) for r in db.fetchall(FOR_INSTANCE, params)]
 
 
 def get(token_id: Any, *, lock: bool = False) -> BranchRow | None:
