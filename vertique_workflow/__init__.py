@@ -35,6 +35,8 @@ _EXPORTS = {
     "TaskPage": "operations",
     "TaskCompletionReceipt": "operations",
     "TaskReassignment": "operations",
+    "branches": "operations",
+    "BranchView": "operations",
     "Actor": "context",
     "register_durable": "context",
     "WorkflowError": "exceptions",

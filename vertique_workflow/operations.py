@@ -22,6 +22,7 @@ from .conf import workflow_settings
 from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
 from .pins import resolve_start_pin, signal_schema_source
+from .store import branches as branches_store
 from .store import commands, db, dedup, history, instances
 from .store import definitions as registry
 from .store import tasks as tasks_store
@@ -961,7 +962,65 @@ def can_complete(user: Any, task: Any) -> bool:
     return bool(has_perm is not None and has_perm(TASK_PERMISSION))
 
 
+# -- branches (read side) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BranchView:
+    """A read of one branch token for the admin and tools.
+
+    ``fork_step_id`` is the fork step; ``fork_key`` the stored key, which for
+    a fork nested in a branch is ``"<fork step>@<parent token id>"`` and then
+    names the parent branch in ``parent_token_id``. ``state`` is the branch's
+    own state, ``item`` its fan-out item (None for a fixed branch).
+    """
+
+    token_id: uuid.UUID
+    instance_id: uuid.UUID
+    fork_step_id: str
+    fork_key: str
+    parent_token_id: uuid.UUID | None
+    branch_id: str
+    status: str
+    current_step: str | None
+    state: Any
+    item: Any
+    created_at: Any
+    updated_at: Any
+
+
+def branches(instance_id: Any) -> list[BranchView]:
+    """Every branch token of an instance, by fork then creation order (``WorkflowNotFound``).
+
+    Reads without locks; the durable context captured at the fork is not shown.
+    """
+    wid = _uuid(instance_id)
+    if instances.get(wid) is None:
+        raise WorkflowNotFound("no workflow instance with that id")
+    views = []
+    for row in branches_store.for_instance(wid):
+        fork_step, parent = branches_store.split_key(row.fork_step_id)
+        views.append(
+            BranchView(
+                token_id=row.id,
+                instance_id=row.workflow_id,
+                fork_step_id=fork_step,
+                fork_key=row.fork_step_id,
+                parent_token_id=parent,
+                branch_id=row.branch_id,
+                status=row.status,
+                current_step=row.current_step_id,
+                state=row.state,
+                item=row.item,
+                created_at=row.created_at,
+                updated_at=row.updated_at,
+            )
+        )
+    return views
+
+
 __all__ = [
+    "BranchView",
     "Failure",
     "InstanceRef",
     "InstanceView",
@@ -971,6 +1030,7 @@ __all__ = [
     "TaskPage",
     "TaskReassignment",
     "TaskView",
+    "branches",
     "can_complete",
     "cancel",
     "complete_task",

@@ -186,6 +186,42 @@ WHERE workflow_id = %s AND state = 'PARKED' AND kind = 'SIGNAL'
   AND (target_json ->> 'name') = ANY(%s) AND (target_json ->> 'branchId') IS NULL
 """
 
+# The branch twin of REQUEUE_PARKED: parked signals addressed to one branch
+# of one fork (its key as the signal names it) that its new wait accepts.
+REQUEUE_PARKED_FOR_BRANCH = f"""
+UPDATE {T["commands"]}
+SET state = 'PENDING', available_at = LEAST(available_at, now()), last_error = NULL
+WHERE workflow_id = %(wf)s AND state = 'PARKED' AND kind = 'SIGNAL'
+  AND (target_json ->> 'name') = ANY(%(names)s::text[])
+  AND (target_json ->> 'forkStepId') = %(fork)s AND (target_json ->> 'branchId') = %(branch)s
+"""
+
+# Parked signals addressed to superseded branches settle STALE (ascending id),
+# lowering open_signals by their number in the same statement.
+SETTLE_PARKED_FOR_BRANCHES = f"""
+WITH addresses AS (
+    SELECT * FROM jsonb_to_recordset(%(addresses)s::jsonb) AS a(fork text, branch text)
+), doomed AS (
+    SELECT c.id FROM {T["commands"]} c
+    WHERE c.workflow_id = %(wf)s AND c.state = 'PARKED' AND c.kind = 'SIGNAL'
+      AND EXISTS (SELECT 1 FROM addresses a
+                  WHERE a.fork = (c.target_json ->> 'forkStepId')
+                    AND a.branch = (c.target_json ->> 'branchId'))
+    ORDER BY c.id FOR UPDATE
+), settled AS (
+    UPDATE {T["commands"]} c
+    SET state = 'STALE', claim_token = NULL, lease_until = NULL, settled_at = now(),
+        last_error = %(last_error)s
+    FROM doomed WHERE c.id = doomed.id
+    RETURNING c.id, c.seq, c.kind, c.target_json
+), lowered AS (
+    UPDATE {T["command_queues"]} q
+    SET open_signals = GREATEST(q.open_signals - (SELECT count(*) FROM settled), 0)
+    WHERE q.workflow_id = %(wf)s AND EXISTS (SELECT 1 FROM settled)
+)
+SELECT id, seq, kind, target_json FROM settled ORDER BY id
+"""
+
 # Timers and completions parked while the instance was FAILED go back to
 # PENDING with their seq once a retry revived it; each is then offered to
 # the step the instance stands at (applied, or settled STALE / REJECTED).
@@ -685,6 +721,47 @@ def park(command_id: int, token: Any) -> int:
 
 def requeue_parked(workflow_id: Any, signal_names: list[str]) -> int:
     return db.execute(REQUEUE_PARKED, (workflow_id, signal_names))
+
+
+def requeue_parked_for_branch(
+    workflow_id: Any, fork_step_id: str, branch_id: str, signal_names: Sequence[str]
+) -> int:
+    """Parked SIGNALs addressed to that fork and branch, named by its new wait -> PENDING.
+
+    ``fork_step_id`` is matched as the signal's ``forkStepId`` names it. The
+    branch twin of :func:`requeue_parked` (which re-queues only signals that
+    name no branch); returns how many went back.
+    """
+    return db.execute(
+        REQUEUE_PARKED_FOR_BRANCH,
+        {"wf": workflow_id, "names": list(signal_names), "fork": fork_step_id, "branch": branch_id},
+    )
+
+
+def settle_parked_for_branches(
+    workflow_id: Any, branches: Sequence[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """Parked SIGNALs addressed to superseded branches settle STALE (``BRANCH_SUPERSEDED``).
+
+    ``branches`` lists (fork step id, branch id) addresses. ``open_signals``
+    falls by their number in the same statement. Appends no history: the
+    settled commands (id, seq, kind, target) are returned for the caller's
+    ``BRANCH_LATE_CALLBACK_IGNORED`` entries.
+    """
+    if not branches:
+        return []
+    addresses = [{"fork": fork, "branch": branch} for fork, branch in branches]
+    rows = db.fetchall(
+        SETTLE_PARKED_FOR_BRANCHES,
+        {
+            "wf": workflow_id,
+            "addresses": json.dumps(addresses),
+            "last_error": error_text(
+                "BRANCH_SUPERSEDED", "SIGNAL command addressed to a superseded branch"
+            ),
+        },
+    )
+    return [{"id": r[0], "seq": r[1], "kind": r[2], "target": db.load_json(r[3])} for r in rows]
 
 
 def requeue_parked_callbacks(workflow_id: Any) -> int:

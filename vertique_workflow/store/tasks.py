@@ -137,6 +137,7 @@ WITH doomed AS (
     SELECT id FROM {T["tasks"]}
     WHERE workflow_id = %(wf)s AND status IN ('OPEN', 'COMPLETING')
       AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+      AND (%(branches)s::uuid[] IS NULL OR branch_token_id = ANY(%(branches)s::uuid[]))
     ORDER BY id FOR UPDATE
 )
 UPDATE {T["tasks"]} t
@@ -288,10 +289,20 @@ def mark_completed(task_id: Any, command_id: int, decision: str, result: Any) ->
     )
 
 
-def cancel_open(workflow_id: Any, *, task_ids: Sequence[Any] | None = None) -> int:
-    """OPEN and COMPLETING tasks of the instance (those of ``task_ids``) -> CANCELLED."""
+def cancel_open(
+    workflow_id: Any,
+    *,
+    task_ids: Sequence[Any] | None = None,
+    branch_token_ids: Sequence[Any] | None = None,
+) -> int:
+    """OPEN and COMPLETING tasks of the instance (those of ``task_ids``) -> CANCELLED.
+
+    ``branch_token_ids`` keeps only the tasks of those branches (a superseded
+    branch's tasks; an empty list matches none).
+    """
     ids = None if task_ids is None else [str(t) for t in task_ids]
-    return db.execute(CANCEL_OPEN, {"wf": workflow_id, "ids": ids})
+    branches = None if branch_token_ids is None else [str(b) for b in branch_token_ids]
+    return db.execute(CANCEL_OPEN, {"wf": workflow_id, "ids": ids, "branches": branches})
 
 
 def cancel_reserved(task_id: Any, command_id: int) -> bool:

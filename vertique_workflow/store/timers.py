@@ -151,6 +151,7 @@ WITH doomed AS (
       AND (%(task)s::uuid IS NULL OR task_id = %(task)s::uuid)
       AND (%(step)s::text IS NULL OR step_id = %(step)s::text)
       AND (%(purposes)s::text[] IS NULL OR purpose = ANY(%(purposes)s::text[]))
+      AND (%(branches)s::uuid[] IS NULL OR branch_token_id = ANY(%(branches)s::uuid[]))
     ORDER BY id FOR UPDATE
 ), done AS (
     UPDATE {T["timers"]} t SET status = 'CANCELLED', updated_at = now()
@@ -261,6 +262,7 @@ def _cancel(
     task_id: Any = None,
     step_id: str | None = None,
     purposes: Any = None,
+    branch_token_ids: Any = None,
     keep_command_id: int | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     row = db.fetchone(
@@ -271,6 +273,7 @@ def _cancel(
             "task": None if task_id is None else str(task_id),
             "step": step_id,
             "purposes": None if purposes is None else [str(p) for p in purposes],
+            "branches": None if branch_token_ids is None else [str(b) for b in branch_token_ids],
             "keep": keep_command_id,
             "last_error": last_error,
         },
@@ -286,6 +289,7 @@ def cancel_scheduled(
     task_id: Any = None,
     step_id: str | None = None,
     purposes: Any = None,
+    branch_token_ids: Any = None,
     keep_command_id: int | None = None,
     cancelled_commands: list[dict[str, Any]] | None = None,
 ) -> int:
@@ -297,6 +301,8 @@ def cancel_scheduled(
     matched, so a timer firing its own segment is safe without it). Appends
     no history; ``cancelled_commands`` (when given) receives the cancelled
     commands (id, seq, kind, timer_id) for the caller to log.
+    ``branch_token_ids`` keeps only the timers of those branches (a
+    superseded branch's timers; an empty list matches none).
     """
     count, commands = _cancel(
         workflow_id,
@@ -305,6 +311,7 @@ def cancel_scheduled(
         task_id=task_id,
         step_id=step_id,
         purposes=purposes,
+        branch_token_ids=branch_token_ids,
         keep_command_id=keep_command_id,
     )
     if cancelled_commands is not None:
