@@ -17,6 +17,9 @@ class StepContext:
     engine bookkeeping; it is rebuilt for every step, so it is cheap and
     immutable. ``signal_name``/``signal_payload`` are set while a signal is
     being applied; ``actor`` is whoever recorded the command, when known.
+    In a step of a branch, ``fork_step_id`` and ``branch_id`` name the
+    branch, and ``branch_item`` is its item of a fan-out list (a private
+    JSON copy; None for a fixed branch). All three are None outside branches.
     """
 
     instance_id: uuid.UUID
@@ -30,3 +33,6 @@ class StepContext:
     signal_name: str | None = None
     signal_payload: Any = None
     actor: Any = None
+    fork_step_id: str | None = None
+    branch_id: str | None = None
+    branch_item: Any = None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar, cast, get_args, get_origin, overload
 
 from ..exceptions import WorkflowDefinitionError
+from .branches import DEFAULT_MAX_BRANCHES, CallSpec, ForkSpec, JoinPolicy, JoinSpec
 from .plan import Plan, Step
 from .retry import Retry, RetryPolicy
 from .tasks import TaskDecision, TaskSpec, decision_to
@@ -28,10 +29,13 @@ __all__ = [
     "TaskDecision",
     "Workflow",
     "action",
+    "call",
     "decision",
     "decision_to",
     "end",
     "fail",
+    "fork",
+    "join",
     "task",
     "timer",
     "wait",
@@ -72,6 +76,9 @@ class StepSpec:
     timeout: Duration | None = None
     on_timeout: str | None = None
     task: Mapping[str, Any] | None = None
+    fork: Mapping[str, Any] | None = None
+    join: Mapping[str, Any] | None = None
+    call: Mapping[str, Any] | None = None
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None or self.func is None:
@@ -254,6 +261,98 @@ def task(
         "subject_version": subject_version,
     }
     return StepSpec("task", start=start, task=options, retry=retry)
+
+
+def fork(
+    *,
+    join: str,
+    branches: Mapping[str, str] | None = None,
+    each: str | Callable[..., Any] | None = None,
+    start: str | None = None,
+    key: Callable[..., Any] | None = None,
+    max_branches: int = DEFAULT_MAX_BRANCHES,
+    retry: RetryPolicy | None = None,
+) -> StepSpec:
+    """Start parallel branches that end at the join step ``join``.
+
+    Fixed branches: ``branches={"payment": "charge", "stock": "reserve"}``
+    maps each branch id to its first step. Fan-out: ``each`` (the name of a
+    state field holding a list, or a callable ``(state[, ctx])`` -- a
+    method of the class by reference -- returning one) starts one branch
+    per item at ``start``; ``key`` (a callable ``(item) -> str``) names
+    each branch, else its index does; more than ``max_branches`` items fail
+    the fork. Every branch runs on its own copy of the state; a step of a
+    branch finds the item in ``ctx.branch_item``. Here ``start`` is the
+    branches' first step: to begin a workflow with a fork, declare it
+    first. ``retry`` is the policy of ``each`` and ``key`` when they raise.
+    """
+    options: dict[str, Any] = {
+        "join": join,
+        "branches": branches or {},
+        "each": each,
+        "start": start,
+        "key": key,
+        "max_branches": max_branches,
+    }
+    return StepSpec("fork", fork=options, retry=retry)
+
+
+def join(
+    *,
+    next: str | None = None,
+    policy: JoinPolicy = "all",
+    merge: Callable[..., Any] | str | None = None,
+    on_failed: str | None = None,
+    retry: RetryPolicy | None = None,
+) -> StepSpec:
+    """End the branches of the fork naming this step, then go to ``next``.
+
+    ``policy``: ``"all"`` waits for every branch to complete, ``"any"`` for
+    the first, an int ``n`` for ``n`` of them; the branches the decided join
+    no longer needs are superseded. ``merge`` folds the results into the
+    state the instance had at the fork: a callable ``(state, results, ctx)
+    -> state`` (``results`` maps branch ids to ``BranchResult``), or the
+    name of a method of the class taking the same after ``self``; without
+    it that state goes on unchanged. When too many branches failed for the
+    policy to be met, the instance goes to ``on_failed``, or fails without
+    it. ``retry`` is the policy of ``merge`` when it raises.
+    """
+    options: dict[str, Any] = {"policy": policy, "merge": merge, "on_failed": on_failed}
+    return StepSpec("join", next=next, join=options, retry=retry)
+
+
+def call(
+    workflow: str,
+    *,
+    version: int | None = None,
+    payload: Callable[..., Any] | str | None = None,
+    on_completed: str | None = None,
+    on_failed: str | None = None,
+    result: Callable[..., Any] | str | None = None,
+    start: bool = False,
+    retry: RetryPolicy | None = None,
+) -> StepSpec:
+    """Start the workflow ``workflow`` as a child and wait for it to end.
+
+    ``version`` pins the child's version (the latest the node has
+    otherwise). ``payload`` builds its start payload: a callable
+    ``(state[, ctx]) -> dict`` or the name of a method of the class (``{}``
+    without it). When the child completes the parent goes to
+    ``on_completed``; when it ends any other way, to ``on_failed`` (the
+    parent fails without it). ``result`` folds the child's outcome into the
+    state: a callable ``(state, child, ctx) -> state`` (``child`` is a
+    ``ChildResult``) or the name of a method; without it the state is
+    unchanged. ``retry`` is the policy of ``payload`` and ``result``.
+    """
+    options: dict[str, Any] = {
+        "workflow": workflow,
+        "version": version,
+        "payload": payload,
+        "on_completed": on_completed,
+        "on_failed": on_failed,
+        "result": result,
+    }
+    return StepSpec("call", start=start, call=options, retry=retry)
 
 
 def end(*, start: bool = False) -> StepSpec:
@@ -446,6 +545,51 @@ def _compile_task(cls: type, instance: object, name: str, options: Mapping[str, 
         raise _class_error(cls, f"step {name!r}: {exc}", name) from None
 
 
+def _method(
+    cls: type, instance: object, step: str, what: str, value: Any
+) -> tuple[Any, str | None]:
+    """A callable taking fixed arguments (``merge``, ``result``, ``key``): ``(callable, name)``.
+
+    A string names a method of the class; a function of the class body is
+    taken by reference; both are bound to ``instance`` and named
+    ``module.Class.method``. Anything else is kept (its own name is hashed)
+    for validation to judge.
+    """
+    if isinstance(value, str):
+        method = getattr(instance, value, None)
+        if not callable(method):
+            raise _class_error(cls, f"step {step!r}: {what} names no method {value!r}", step)
+        return method, f"{cls.__module__}.{cls.__qualname__}.{value}"
+    if _is_own_function(cls, value):
+        return value.__get__(instance, cls), f"{cls.__module__}.{cls.__qualname__}.{value.__name__}"
+    return value, None
+
+
+def _compile_branches(cls: type, instance: object, name: str, spec: StepSpec) -> Step:
+    """The Step of a fork, join or call declaration."""
+    if spec.kind == "fork":
+        fields = dict(spec.fork or {})
+        fields["each"], fields["each_name"] = _state_callable(
+            cls, instance, name, "each", fields["each"], by_name=False
+        )
+        fields["key"], fields["key_name"] = _method(cls, instance, name, "key", fields["key"])
+        return Step(name, "fork", fork=ForkSpec(**fields), retry=spec.retry)
+    if spec.kind == "join":
+        fields = dict(spec.join or {})
+        fields["merge"], fields["merge_name"] = _method(
+            cls, instance, name, "merge", fields["merge"]
+        )
+        return Step(name, "join", next=spec.next, join=JoinSpec(**fields), retry=spec.retry)
+    fields = dict(spec.call or {})
+    fields["payload"], fields["payload_name"] = _state_callable(
+        cls, instance, name, "payload", fields["payload"], by_name=True
+    )
+    fields["result"], fields["result_name"] = _method(
+        cls, instance, name, "result", fields["result"]
+    )
+    return Step(name, "call", call=CallSpec(**fields), retry=spec.retry)
+
+
 def _compile(cls: type, instance: object, name: str, spec: StepSpec) -> Step:
     try:
         return _compile_step(cls, instance, name, spec)
@@ -505,6 +649,8 @@ def _compile_step(cls: type, instance: object, name: str, spec: StepSpec) -> Ste
         return Step(
             name, "task", task=_compile_task(cls, instance, name, spec.task), retry=spec.retry
         )
+    if spec.kind in ("fork", "join", "call"):
+        return _compile_branches(cls, instance, name, spec)
     return Step(name, spec.kind, reason=spec.reason)  # type: ignore[arg-type]
 
 

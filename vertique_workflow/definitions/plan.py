@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..exceptions import WorkflowDefinitionError, WorkflowValidationError
 from ..payloads import json_copy, schema_failure
+from .branches import CallSpec, ForkSpec, JoinSpec
 from .durations import parse_duration
 from .retry import RetryPolicy
 from .tasks import TaskSpec, call_with_state
@@ -40,7 +41,9 @@ __all__ = [
     "resolve_class_name",
 ]
 
-StepKind = Literal["action", "decision", "wait", "timer", "task", "end", "fail"]
+StepKind = Literal[
+    "action", "decision", "wait", "timer", "task", "fork", "join", "call", "end", "fail"
+]
 STEP_KINDS: frozenset[str] = frozenset(get_args(StepKind))
 
 _MAX_NAMES_IN_MESSAGE = 5
@@ -127,7 +130,11 @@ class Step:
     to ``on_timeout``. ``timer``: waits ``delay``, or until the instant
     ``until(state[, ctx])`` returns, then ``next``. ``task``: opens the human
     task ``task`` (a ``TaskSpec``) and waits for one of its decisions.
-    ``end`` completes; ``fail`` fails with ``reason``.
+    ``fork``: starts the branches of ``fork`` (a ``ForkSpec``), each ending
+    at its join; ``join``: decides by ``join`` (a ``JoinSpec``), then
+    ``next``; ``call``: starts the child workflow of ``call`` (a
+    ``CallSpec``) and waits for it to end. ``end`` completes; ``fail``
+    fails with ``reason``.
 
     ``callback_name``/``apply_name``/``until_name`` default to the
     callable's ``module.qualname``; the plan hash covers these names, not
@@ -152,6 +159,9 @@ class Step:
     timeout: datetime.timedelta | None = None
     on_timeout: str | None = None
     task: TaskSpec | None = None
+    fork: ForkSpec | None = None
+    join: JoinSpec | None = None
+    call: CallSpec | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -216,6 +226,10 @@ class Step:
             data["on_timeout"] = self.on_timeout
         if self.task is not None:
             data["task"] = self.task.canonical()
+        for name in ("fork", "join", "call"):
+            spec = getattr(self, name)
+            if spec is not None:
+                data[name] = spec.canonical()
         return data
 
     def timer_fire(self, state: Any, ctx: Any) -> TimerFire:
@@ -360,6 +374,17 @@ class Plan:
         if resolve_class_name(binary) is not self.state_type:
             return {}
         return {binary: self.state_type_name}
+
+    @cached_property
+    def fork_of_join(self) -> Mapping[str, str]:
+        """Join step id -> the id of the one fork step naming it (validation ensures one)."""
+        return MappingProxyType(
+            {
+                step.fork.join: step.id
+                for step in self.steps.values()
+                if step.kind == "fork" and step.fork is not None
+            }
+        )
 
     def step(self, step_id: str) -> Step:
         """The step with this id; an unknown id is a definition error (a stale pin or a bug)."""

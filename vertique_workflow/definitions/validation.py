@@ -15,6 +15,15 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..exceptions import WorkflowDefinitionError
+from .branches import (
+    BRANCH_ID_RULE,
+    DEFAULT_MAX_BRANCHES,
+    MAX_BRANCHES_LIMIT,
+    CallSpec,
+    ForkSpec,
+    JoinSpec,
+    is_branch_id,
+)
 from .plan import STEP_KINDS, Step
 from .tasks import MAX_PERSON_NAME_LENGTH, TaskDecision, TaskSpec, state_arity
 
@@ -35,6 +44,9 @@ _ALLOWED_FIELDS: dict[str, frozenset[str]] = {
     "wait": frozenset({"next", "signals", "on_signal", "apply", "retry", "timeout", "on_timeout"}),
     "timer": frozenset({"next", "delay", "until", "retry"}),
     "task": frozenset({"task", "retry"}),
+    "fork": frozenset({"fork", "retry"}),
+    "join": frozenset({"next", "join", "retry"}),
+    "call": frozenset({"call", "retry"}),
     "end": frozenset(),
     "fail": frozenset({"reason"}),
 }
@@ -52,6 +64,9 @@ _OPTIONAL_FIELDS = (
     "timeout",
     "on_timeout",
     "task",
+    "fork",
+    "join",
+    "call",
 )
 
 
@@ -93,7 +108,9 @@ def validate(plan: Plan) -> None:
         _check_step(plan, step)
     if plan.start not in plan.steps:
         _fail(plan, plan.start, "the start step does not exist")
+    _check_fork_joins(plan)
     _check_reachable(plan)
+    _check_branch_paths(plan)
 
 
 def _check_header(plan: Plan) -> None:
@@ -178,6 +195,19 @@ def _transitions(step: Step) -> Iterator[tuple[str, Any]]:
                 yield f"decision {name!r}", decision.next
         if task.on_due is not None:
             yield "on_due", task.on_due
+    fork = step.fork
+    if isinstance(fork, ForkSpec):
+        yield from fork.first_steps()
+        yield "join", fork.join
+    join = step.join
+    if isinstance(join, JoinSpec) and join.on_failed is not None:
+        yield "on_failed", join.on_failed
+    call = step.call
+    if isinstance(call, CallSpec):
+        if call.on_completed is not None:
+            yield "on_completed", call.on_completed
+        if call.on_failed is not None:
+            yield "on_failed", call.on_failed
 
 
 def _check_action(plan: Plan, step: Step) -> None:
@@ -318,6 +348,103 @@ def _check_task(plan: Plan, step: Step) -> None:
         )
 
 
+def _check_fork(plan: Plan, step: Step) -> None:
+    spec = step.fork
+    if not isinstance(spec, ForkSpec):
+        _fail(plan, step.id, "a fork step needs a fork built with fork(...) or ForkSpec(...)")
+    if plan.steps[spec.join].kind != "join":
+        _fail(plan, step.id, f"join names step {spec.join!r}, which is not a join step")
+    if bool(spec.branches) == (spec.each is not None):
+        _fail(plan, step.id, "a fork needs exactly one of branches (fixed) or each (a fan-out)")
+    if not spec.fan_out:
+        for what, value in (("start", spec.start), ("key", spec.key)):
+            if value is not None:
+                _fail(plan, step.id, f"{what} goes with each: fixed branches take no {what}")
+        if spec.max_branches != DEFAULT_MAX_BRANCHES:
+            _fail(plan, step.id, "max_branches goes with each: fixed branches take none")
+        for branch in spec.branches:
+            if not is_branch_id(branch):
+                _fail(plan, step.id, f"branch id {str(branch)[:64]!r} must be {BRANCH_ID_RULE}")
+        return
+    if spec.start is None:
+        _fail(plan, step.id, "a fan-out needs start: the first step of every branch")
+    if isinstance(spec.each, str):
+        if not _is_name(spec.each):
+            _fail(plan, step.id, f"each must name a state field, {_NAME_RULE}, or be a callable")
+        state_type = plan.state_type
+        if state_type is not None and spec.each not in {
+            f.name for f in dataclasses.fields(state_type)
+        }:
+            _fail(
+                plan,
+                step.id,
+                f"each names field {spec.each!r} the state type {plan.state_type_name} "
+                "does not declare",
+            )
+    else:
+        _check_state_callable(plan, step, spec.each, "each")
+        if not spec.each_name:
+            _fail(plan, step.id, "each needs a name")
+    if spec.key is not None:
+        if not callable(spec.key):
+            _fail(plan, step.id, "key is not callable")
+        if not spec.key_name:
+            _fail(plan, step.id, "key needs a name")
+    limit = spec.max_branches
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 1 <= limit <= MAX_BRANCHES_LIMIT
+    ):
+        _fail(plan, step.id, f"max_branches must be an integer from 1 to {MAX_BRANCHES_LIMIT}")
+
+
+def _check_join(plan: Plan, step: Step) -> None:
+    spec = step.join
+    if not isinstance(spec, JoinSpec):
+        _fail(plan, step.id, "a join step needs a join built with join(...) or JoinSpec(...)")
+    if step.next is None:
+        _fail(plan, step.id, "a join needs next: where the instance goes once the join decides")
+    policy = spec.policy
+    if isinstance(policy, bool) or not (
+        policy in ("all", "any") or (isinstance(policy, int) and policy >= 1)
+    ):
+        _fail(plan, step.id, "policy must be 'all', 'any' or a number of branches (at least 1)")
+    if spec.merge is not None:
+        if not callable(spec.merge):
+            _fail(plan, step.id, "merge is not callable")
+        if not spec.merge_name:
+            _fail(plan, step.id, "merge needs a name")
+
+
+def _check_call(plan: Plan, step: Step) -> None:
+    spec = step.call
+    if not isinstance(spec, CallSpec):
+        _fail(plan, step.id, "a call step needs a call built with call(...) or CallSpec(...)")
+    if not _is_name(spec.workflow):
+        _fail(plan, step.id, f"workflow must be a definition id, {_NAME_RULE}")
+    version = spec.version
+    if version is not None and (
+        isinstance(version, bool) or not isinstance(version, int) or version < 1
+    ):
+        _fail(plan, step.id, "version must be None (the latest) or a positive integer")
+    if spec.on_completed is None:
+        _fail(
+            plan,
+            step.id,
+            "a call needs on_completed: where the parent goes when the child completes",
+        )
+    if spec.payload is not None:
+        _check_state_callable(plan, step, spec.payload, "payload")
+        if not spec.payload_name:
+            _fail(plan, step.id, "payload needs a name")
+    if spec.result is not None:
+        if not callable(spec.result):
+            _fail(plan, step.id, "result is not callable")
+        if not spec.result_name:
+            _fail(plan, step.id, "result needs a name")
+
+
 def _check_end(plan: Plan, step: Step) -> None:
     return None
 
@@ -338,6 +465,9 @@ _KIND_CHECKS = {
     "wait": _check_wait,
     "timer": _check_timer,
     "task": _check_task,
+    "fork": _check_fork,
+    "join": _check_join,
+    "call": _check_call,
     "end": _check_end,
     "fail": _check_fail,
 }
@@ -361,3 +491,129 @@ def _check_reachable(plan: Plan) -> None:
     for step_id in plan.steps:
         if step_id not in seen:
             _fail(plan, step_id, f"is unreachable from the start step {plan.start!r}")
+
+
+def _check_fork_joins(plan: Plan) -> None:
+    """Each join belongs to exactly one fork; ``n`` of a fixed fork's join fits its branches."""
+    owners: dict[str, list[Step]] = {}
+    for step in plan.steps.values():
+        if step.kind == "fork" and isinstance(step.fork, ForkSpec):
+            owners.setdefault(step.fork.join, []).append(step)
+    for step in plan.steps.values():
+        if step.kind != "join":
+            continue
+        forks = owners.get(step.id, [])
+        if not forks:
+            _fail(
+                plan, step.id, "no fork names this join: every join ends the branches of one fork"
+            )
+        if len(forks) > 1:
+            names = ", ".join(repr(fork.id) for fork in sorted(forks, key=lambda f: f.id))
+            _fail(plan, step.id, f"is named by more than one fork ({names}): a join ends one fork")
+        fork = forks[0]
+        assert isinstance(fork.fork, ForkSpec) and isinstance(step.join, JoinSpec)
+        policy = step.join.policy
+        if isinstance(policy, int) and not fork.fork.fan_out and policy > len(fork.fork.branches):
+            _fail(
+                plan,
+                step.id,
+                f"policy {policy} needs more branches than fork {fork.id!r} starts "
+                f"({len(fork.fork.branches)})",
+            )
+
+
+def _successors(plan: Plan, step: Step) -> list[tuple[str, str]]:
+    """Where a token at ``step`` goes next; a fork's token goes on at the fork's join."""
+    if step.kind == "fork" and isinstance(step.fork, ForkSpec):
+        return [("join", step.fork.join)]
+    return list(_transitions(step))
+
+
+def _walk(plan: Plan, first: str, fork: Step | None, what: str) -> dict[str, list[str]]:
+    """Follow one token from ``first``: the steps it can stand at, with their successors.
+
+    ``fork`` None walks the instance's own token (from the start step);
+    otherwise a branch of ``fork``, which stops at the fork's join (arrived)
+    and at ``fail`` steps. A nested fork is passed over to its join (its
+    branches are walked on their own). A token may enter a join only from
+    that join's fork, or, in a branch, arrive at its own join.
+    """
+    own_join = None if fork is None else fork.fork.join  # type: ignore[union-attr]
+    if fork is not None and plan.steps[first].kind == "join":
+        if first == own_join:
+            _fail(plan, fork.id, f"{what} starts at its join: a branch needs a step of its own")
+        _fail(plan, fork.id, f"{what} starts at join {first!r}, which ends another fork")
+    edges: dict[str, list[str]] = {}
+    queue = deque([first])
+    while queue:
+        step_id = queue.popleft()
+        if step_id in edges or step_id == own_join:
+            continue
+        step = plan.steps[step_id]
+        if fork is not None:
+            if step_id == fork.id:
+                _fail(plan, fork.id, f"{what} can reach the fork itself; a branch ends at its join")
+            if step.kind == "end":
+                _fail(
+                    plan,
+                    fork.id,
+                    f"{what} can reach end step {step_id!r}; a branch ends at its join",
+                )
+            if step.kind == "fail":
+                edges[step_id] = []
+                continue
+        successors = _successors(plan, step)
+        for _, target in successors:
+            if target == own_join or plan.steps[target].kind != "join" or step.kind == "fork":
+                continue
+            owner = plan.fork_of_join.get(target)
+            if fork is None:
+                _fail(
+                    plan,
+                    step_id,
+                    f"goes to join {target!r} outside the branches of its fork {owner!r}",
+                )
+            _fail(
+                plan,
+                fork.id,
+                f"{what} can reach join {target!r} of fork {owner!r} from step {step_id!r}; "
+                f"a branch ends at its own join {own_join!r}",
+            )
+        edges[step_id] = [target for _, target in successors]
+        queue.extend(edges[step_id])
+    return edges
+
+
+def _check_branch_paths(plan: Plan) -> None:
+    """Every branch of every fork ends at that fork's join or at a fail step.
+
+    The instance's own token may reach a join only through its fork. In a
+    branch, no path may lead to an ``end`` step, back to the fork, or to
+    another fork's join (a nested fork's join is passed through its fork),
+    and from every step the branch can stand at, the join or a ``fail``
+    step must remain reachable.
+    """
+    _walk(plan, plan.start, None, "the instance")
+    for fork in plan.steps.values():
+        if fork.kind != "fork" or not isinstance(fork.fork, ForkSpec):
+            continue
+        join = fork.fork.join
+        for what, first in fork.fork.first_steps():
+            label = what if what.startswith("branch") else "a branch"
+            edges = _walk(plan, first, fork, f"{label} of fork {fork.id!r}")
+            done = {join} | {sid for sid, targets in edges.items() if not targets}
+            grown = True
+            while grown:
+                grown = False
+                for step_id, targets in edges.items():
+                    if step_id not in done and any(t in done for t in targets):
+                        done.add(step_id)
+                        grown = True
+            stuck = [step_id for step_id in edges if step_id not in done]
+            if stuck:
+                _fail(
+                    plan,
+                    fork.id,
+                    f"{label} of fork {fork.id!r} can stand at step {stuck[0]!r}, "
+                    f"from which its join {join!r} is never reached",
+                )
