@@ -353,7 +353,8 @@ def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None)
     """Cancel an instance and every open command of it; False when it had already ended.
 
     Its SCHEDULED timers (with their TIMER commands) and its OPEN and
-    COMPLETING tasks are cancelled in the same transaction.
+    COMPLETING tasks are cancelled and its live branch tokens superseded in
+    the same transaction, in lock order.
 
     Runs under the execution lock, so it waits for a running segment and the
     segment that comes after it finds the instance cancelled.
@@ -374,6 +375,9 @@ def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None)
             cancelled: list[dict[str, Any]] = []
             timers_store.cancel_all_for_instance(workflow_id, cancelled_commands=cancelled)
             tasks_store.cancel_open(workflow_id)
+            live = branches_store.for_instance(workflow_id, live_only=True)
+            if live:
+                branches_store.supersede(workflow_id, [t.id for t in live])
             instances.mark_cancelled(workflow_id, message)
             cancelled.extend(commands.cancel_all(workflow_id))
             cancelled.sort(key=lambda c: c["id"])

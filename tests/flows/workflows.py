@@ -15,6 +15,8 @@ from vertique_workflow.definitions import (
     decision,
     end,
     fail,
+    fork,
+    join,
     task,
     timer,
     wait,
@@ -507,4 +509,123 @@ class TimedContextFlow(Workflow[dict]):
 
         return {**state, "tenant": TENANT.get()}
 
+    done = end()
+
+
+def _collect(state: dict[str, Any], results: Any, ctx: StepContext) -> dict[str, Any]:
+    """A join's merge: each completed branch's ``done`` marks, by branch id."""
+    return {
+        **state,
+        "joined": {
+            b: r.state.get("done") for b, r in sorted(results.items()) if r.status == "COMPLETED"
+        },
+    }
+
+
+class ParallelFlow(Workflow[dict]):
+    """Three branches: one runs through, two wait for their own signal; all joined."""
+
+    id, version, contract = "parallel", 1, "parallel.v1"
+    signals = {"go": None}
+
+    split = fork(branches={"a": "run_a", "b": "wait_b", "c": "wait_c"}, join="joined")
+
+    @action(next="joined")
+    def run_a(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": f"a:{ctx.branch_id}"}
+
+    wait_b = wait("go", next="finish_b")
+
+    @action(next="joined")
+    def finish_b(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": f"b:{ctx.branch_id}"}
+
+    wait_c = wait("go", next="finish_c")
+
+    @action(next="joined")
+    def finish_c(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": f"c:{ctx.branch_id}"}
+
+    joined = join(policy="all", merge=_collect, next="done")
+    done = end()
+
+
+class RaceFlow(Workflow[dict]):
+    """Two branches race: a one-hour timer and a signal; the first one wins (policy any).
+
+    After the join the instance waits for "finish", so late callbacks of the
+    losing branch reach a live instance.
+    """
+
+    id, version, contract = "race", 1, "race.v1"
+    signals = {"go": None, "finish": None}
+
+    split = fork(branches={"slow": "nap", "fast": "listen"}, join="joined")
+    nap = timer("1h", next="joined")
+    listen = wait("go", next="joined")
+    joined = join(policy="any", next="hold")
+    hold = wait("finish", next="done")
+    done = end()
+
+
+class FanFlow(Workflow[dict]):
+    """One branch per item: each doubles its item; the join gathers the results."""
+
+    id, version, contract = "fan", 1, "fan.v1"
+
+    spread = fork(each="items", start="work", join="gathered")
+
+    @action(next="gathered")
+    def work(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": ctx.branch_item * 2}
+
+    gathered = join(merge="gather", next="done")
+
+    def gather(self, state: dict[str, Any], results: Any, ctx: StepContext) -> dict[str, Any]:
+        return {**state, "doubled": [results[str(i)].state["done"] for i in range(len(results))]}
+
+    done = end()
+
+
+class PartialFlow(Workflow[dict]):
+    """Two of three branches must complete; one fails by a fail step."""
+
+    id, version, contract = "partial", 1, "partial.v1"
+    signals = {"go": None}
+
+    split = fork(branches={"a": "ok_a", "b": "broken", "c": "wait_c"}, join="joined")
+
+    @action(next="joined")
+    def ok_a(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": "a"}
+
+    broken = fail(reason="BRANCH_BROKE")
+    wait_c = wait("go", next="ok_c")
+
+    @action(next="joined")
+    def ok_c(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": "c"}
+
+    joined = join(policy=2, merge=_collect, next="done", on_failed="gave_up")
+    gave_up = fail(reason="NOT_ENOUGH")
+    done = end()
+
+
+class NestedFlow(Workflow[dict]):
+    """A fork inside a branch: the outer join waits for the inner one."""
+
+    id, version, contract = "nested", 1, "nested.v1"
+    signals = {"go": None}
+
+    outer = fork(branches={"x": "inner", "y": "wait_y"}, join="outer_joined")
+    inner = fork(branches={"p": "mark_p", "q": "wait_q"}, join="inner_joined")
+
+    @action(next="inner_joined")
+    def mark_p(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": "p"}
+
+    wait_q = wait("go", next="inner_joined")
+    inner_joined = join(next="outer_joined")
+    wait_y = wait("go", next="outer_joined")
+    outer_joined = join(next="done")
     done = end()

@@ -82,7 +82,10 @@ class Signal:
         return Refusal("PARK", "SIGNAL_PARKED", "no step accepts the signal now")
 
     def entry(self) -> HistoryEntry:
-        return HistoryEntry("SIGNAL_APPLIED", {"signal": self.name[:255]})
+        payload: dict[str, Any] = {"signal": self.name[:255]}
+        if self.branch is not None:
+            payload.update(forkStepId=self.branch[0], branchId=self.branch[1])
+        return HistoryEntry("SIGNAL_APPLIED", payload)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from ..engine.effects import (
     SupersedeBranches,
     UpdateBranches,
 )
-from ..store import tasks, timers
+from ..store import branches, commands, joins, tasks, timers
 from ..store.timers import TimerSpec
 
 TASK_TIMERS = ("TASK_DUE", "TASK_REMINDER")
@@ -163,8 +163,6 @@ def _branches(
     )
     if not any(isinstance(effect, branch_effects) for effect in effects):
         return []
-    from ..store import branches, commands, joins
-
     settled: list[dict[str, Any]] = []
     for effect in effects:
         if isinstance(effect, CreateBranches):
@@ -199,12 +197,17 @@ def _branches(
                     workflow_id, [(t.fork_key, t.branch_id) for t in effect.tokens]
                 )
             )
+    # per join, in one statement each: open, every arrival of the drive, decide
+    arrivals: dict[str, list[dict[str, Any]]] = {}
     for effect in effects:
         if isinstance(effect, OpenJoin):
             joins.open(workflow_id, effect.join_key, effect.fork_key, effect.expected)
         elif isinstance(effect, Arrive):
-            joins.arrive(workflow_id, effect.join_key, list(effect.arrivals))
-        elif isinstance(effect, DecideJoin):
+            arrivals.setdefault(effect.join_key, []).extend(effect.arrivals)
+    for join_key, arrived in arrivals.items():
+        joins.arrive(workflow_id, join_key, arrived)
+    for effect in effects:
+        if isinstance(effect, DecideJoin):
             joins.decide(workflow_id, effect.join_key)
     return settled
 

@@ -32,9 +32,12 @@ from ..definitions import Plan, catalog
 from ..engine.decision_log import HistoryEntry
 from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, Snapshot, drive
 from ..engine.events import Completion, Event, Refusal, Signal, Start, TimerFired
+from ..engine.tokens import JoinView, Token
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import DEFAULT_SCOPE, resident_plan
+from ..store import branches as branch_store
 from ..store import commands, db, history, tasks, timers
+from ..store import joins as join_store
 from ..store import segment as segment_store
 from ..store.commands import Head
 from ..store.instances import InstanceRow
@@ -338,9 +341,9 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> tuple[str, str 
     if command.kind == "RETRY":
         return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None
     event, bound = _event(command)
-    snapshot = Snapshot(row.status, row.current_step_id, row.state_json)
+    snapshot = _snapshot(plan, row)
     with context.bound(bound):
-        refusal = _refused_before_drive(command, row, event)
+        refusal = _refused_before_drive(plan, command, row, event)
         if refusal is not None:
             result = DriveResult(
                 applied=False,
@@ -367,7 +370,8 @@ def _event(command: Any) -> tuple[Event, dict[str, Any] | None]:
     if command.kind == "START":
         return Start(command.payload), bound
     if command.kind == "SIGNAL":
-        return Signal(str(target.get("name")), command.payload), bound
+        branch = (target["forkStepId"], target["branchId"]) if target.get("branchId") else None
+        return Signal(str(target.get("name")), command.payload, branch), bound
     if command.kind == "TIMER":
         timer = timers.get(command.timer_id) if command.timer_id is not None else None
         return TimerFired(
@@ -394,15 +398,32 @@ def _event(command: Any) -> tuple[Event, dict[str, Any] | None]:
     raise WorkflowDefinitionError(f"command kind {command.kind!r} is not supported by this release")
 
 
-def _refused_before_drive(command: Any, row: InstanceRow, event: Event) -> Refusal | None:
+def _snapshot(plan: Plan, row: InstanceRow) -> Snapshot:
+    """The instance as the engine sees it; with its branch tokens and joins when it forks."""
+    if not plan.fork_of_join:
+        return Snapshot(row.status, row.current_step_id, row.state_json)
+    tokens = tuple(
+        Token(t.id, t.fork_step_id, t.branch_id, t.status, t.current_step_id, t.state, t.item)
+        for t in branch_store.for_instance(row.id)
+    )
+    joins = {
+        j.join_key: JoinView(j.join_key, j.fork_key, j.expected, tuple(j.arrived), j.decided)
+        for j in join_store.for_instance(row.id)
+    }
+    return Snapshot(row.status, row.current_step_id, row.state_json, tokens, joins)
+
+
+def _refused_before_drive(
+    plan: Plan, command: Any, row: InstanceRow, event: Event
+) -> Refusal | None:
     """Park what this instance cannot take now, before the engine sees it.
 
     A FAILED instance parks every signal, timer and completion until its
-    retry (FAILED is retryable; the retry re-offers them). A branch-addressed
-    signal, or a timer or completion of a branch, waits for a release that
-    runs branches.
+    retry (FAILED is retryable; the retry re-offers them). A plan without
+    forks has no branch a branch-addressed signal, timer or completion (one
+    converted by migration 0003) could apply to: it waits, parked.
     """
-    branch = (
+    branch = not plan.fork_of_join and (
         bool((command.target or {}).get("branchId"))
         if isinstance(event, Signal)
         else getattr(event, "branch_token_id", None) is not None
@@ -442,18 +463,35 @@ def _settle_segment(
     common = _common(loaded, node_id)
     if not result.applied:
         return _settle_refused(claim, loaded, result.refusal, event, common)
-    effects.persist(row.id, command.id, result.effects, context.capture())
+    settled = effects.persist(row.id, command.id, result.effects, context.capture())
+    entries = _entries(event, row, result)
+    entries.extend(
+        HistoryEntry(
+            "BRANCH_LATE_CALLBACK_IGNORED",
+            {
+                "commandId": c["id"],
+                "seq": c["seq"],
+                "kind": c["kind"],
+                "reason": "BRANCH_SUPERSEDED",
+            },
+            extra={"command_id": c["id"]},
+        )
+        for c in settled
+    )
     transition.persist(
         row,
         command.id,
         claim.token,
         result,
-        entries=_entries(event, row, result),
+        entries=entries,
         common=common,
         subject=command.target if command.kind == "START" else None,
     )
     if loaded.has_parked_or_dead:
         transition.settle_parked(row, result)
+        for fork_key, branch_id, names in result.branch_waits:
+            if names:
+                commands.requeue_parked_for_branch(row.id, fork_key, branch_id, list(names))
     return "COMPLETED"
 
 
@@ -482,9 +520,8 @@ def _settle_refused(
     reason = failures.text(refusal.reason_code, refusal.sentence)
     if refusal.disposition == "STALE":
         commands.stale(command.id, claim.token, reason)
-        history.append(
-            row.id, [HistoryEntry("COMMAND_STALE", {**payload, "reason": reason})], **common
-        )
+        entry = refusal.entry or "COMMAND_STALE"
+        history.append(row.id, [HistoryEntry(entry, {**payload, "reason": reason})], **common)
         return "SETTLED"
     if isinstance(event, Completion) and event.reserved:
         tasks.reopen(event.task_id, command.id)

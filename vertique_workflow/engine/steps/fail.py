@@ -1,4 +1,8 @@
-"""``fail``: the instance fails with the step's reason (retryable with ``wf.retry``)."""
+"""``fail``: the instance fails with the step's reason (retryable with ``wf.retry``).
+
+In a branch only the branch fails: it arrives FAILED at its join, whose
+policy decides whether the instance goes on.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,14 @@ NAME = "fail"
 
 def enter(run: Run, step: Step) -> Halt:
     reason = step.reason or "FAILED"
+    if run.token is not None:  # a branch fails alone: its join's policy decides
+        from . import join
+
+        run.note(step.id, "FAILED", {"reason": reason})
+        fork = run.plan.step(run.token.fork_step).fork
+        assert fork is not None
+        join.arrive(run, run.plan.step(fork.join), "FAILED", f"{reason}: fail step {step.id!r}")
+        return Halt("BRANCH_FAILED")
     run.note(step.id, "FAILED", {"reason": reason})
     if run.plan.opens_timers_or_tasks:
         run.effect(CloseAll())
