@@ -36,6 +36,7 @@ _EXPORTS = {
     "TaskCompletionReceipt": "operations",
     "TaskReassignment": "operations",
     "branches": "operations",
+    "children": "operations",
     "BranchView": "operations",
     "Actor": "context",
     "register_durable": "context",

@@ -148,6 +148,7 @@ def start(
     version: int | None = None,
     actor: context.Actor | None = None,
     subject: Any = None,
+    _parent: dict[str, Any] | None = None,
 ) -> InstanceRef:
     """Record a new instance of ``definition_id`` and its START command.
 
@@ -203,7 +204,7 @@ def start(
                 plan_hash=pin.plan_hash,
                 business_key=business_key,
                 subject=subject,
-                metadata=captured or {},
+                metadata={**(captured or {}), **({"parent": _parent} if _parent else {})},
                 scope_key=scope,
                 definition_scope_key=pin.scope,
             )
@@ -283,6 +284,12 @@ def signal(
     the command's ``explicit_carrier_json`` and, like the captured context,
     is not part of the dedup fingerprint.
     """
+    from .engine.events import CHILD_ENDED
+
+    if name == CHILD_ENDED:
+        raise WorkflowValidationError(
+            f"signal name {CHILD_ENDED!r} is reserved for child workflows"
+        )
     workflow_id = _uuid(instance_id)
     _require_key(name, "signal name")
     _require_key(dedup_key, "dedup_key")
@@ -363,6 +370,12 @@ def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None)
     _require_key(reason, "reason")
     stored = context.stored_actor(actor)
     with _atomic():
+        # the live children first, each under its own lock and before the
+        # parent's: a child's end writes into the parent's queue, so no path
+        # may hold the parent's rows while it waits for a child's lock
+        for child in instances.children(workflow_id):
+            if not child.ended:
+                cancel(child.id, reason="the parent workflow was cancelled", actor=actor)
         try:
             commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
             row = instances.get(workflow_id)
@@ -402,6 +415,7 @@ def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None)
                 HistoryEntry("WORKFLOW_CANCELLED", {"reason": reason[:255]}, outcome="CANCELLED")
             )
             history.append(workflow_id, entries, **stored.history_columns())
+            notify_parent(row, "CANCELLED", None, "CANCELLED")
         except DatabaseError as exc:
             raise db.translate(exc, "cancel") from None
     return True
@@ -1023,6 +1037,57 @@ def branches(instance_id: Any) -> list[BranchView]:
     return views
 
 
+def notify_parent(child: Any, status: str, state: Any, error_type: str | None) -> None:
+    """Record a child's end on the parent that started it (``call``), deduplicated.
+
+    Runs in the transaction that ended the child: a SIGNAL command of the
+    reserved name ``vertique.child_ended`` on the parent, addressed to the
+    call step (and its branch), with the child's status and final state; its
+    dedup key is the child's id and status, so a child that ends twice the
+    same way (a retried failure) is recorded once. A child without a parent,
+    or whose parent has ended, records nothing.
+    """
+    from .engine.events import CHILD_ENDED
+
+    parent = (child.metadata or {}).get("parent") if child.metadata else None
+    if not parent:
+        return
+    parent_id = _uuid(parent["id"])
+    parent_row = instances.get(parent_id)
+    if parent_row is None or parent_row.ended:
+        return
+    key = f"{CHILD_ENDED}:{child.id}:{status}"
+    if dedup.find("SIGNAL", DEFAULT_SCOPE, str(parent_id), key) is not None:
+        return
+    target = {k: v for k, v in parent.items() if k != "id"}
+    target.update(name=CHILD_ENDED, childId=str(child.id))
+    payload = {"childId": str(child.id), "status": status, "state": state, "errorType": error_type}
+    commands.raise_open_signals(parent_id, 2**31 - 1)
+    command_id, _ = commands.insert(
+        parent_id,
+        "SIGNAL",
+        payload=payload,
+        dedup_key=key,
+        target=target,
+        actor=context.stored_actor(context.Actor.system("workflow", reason="child ended")),
+    )
+    dedup.claim(
+        "SIGNAL", DEFAULT_SCOPE, str(parent_id), key, parent_id, key, {"commandId": command_id}
+    )
+
+
+def children(instance_id: Any) -> list[InstanceView]:
+    """The child workflows ``call`` steps of ``instance_id`` started, oldest first.
+
+    Each is the child's snapshot (``get``); ``WorkflowNotFound`` for an
+    unknown parent.
+    """
+    workflow_id = _uuid(instance_id)
+    if instances.get(workflow_id) is None:
+        raise WorkflowNotFound("no workflow instance with that id")
+    return [get(child.id) for child in instances.children(workflow_id)]
+
+
 __all__ = [
     "BranchView",
     "Failure",
@@ -1037,6 +1102,7 @@ __all__ = [
     "branches",
     "can_complete",
     "cancel",
+    "children",
     "complete_task",
     "get",
     "get_task",

@@ -12,6 +12,7 @@ from vertique_workflow.definitions import (
     StepContext,
     Workflow,
     action,
+    call,
     decision,
     end,
     fail,
@@ -628,4 +629,65 @@ class NestedFlow(Workflow[dict]):
     inner_joined = join(next="outer_joined")
     wait_y = wait("go", next="outer_joined")
     outer_joined = join(next="done")
+    done = end()
+
+
+class ChildFlow(Workflow[dict]):
+    """A child: waits for "finish" (or fails when told to at the start)."""
+
+    id, version, contract = "child", 1, "child.v1"
+    signals = {"finish": None}
+
+    @decision(targets=["hold", "broken"], start=True)
+    def route(self, state: dict[str, Any], ctx: StepContext) -> str:
+        return "broken" if state.get("fail") else "hold"
+
+    hold = wait("finish", next="done")
+    broken = fail(reason="CHILD_BROKE")
+    done = end()
+
+
+class ParentFlow(Workflow[dict]):
+    """Calls a child and folds its result; a failed child takes the on_failed path."""
+
+    id, version, contract = "parent", 1, "parent.v1"
+
+    delegate = call(
+        "child",
+        payload="child_payload",
+        result="fold",
+        on_completed="done",
+        on_failed="recover",
+        start=True,
+    )
+
+    def child_payload(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"n": state.get("n", 0), "fail": state.get("fail", False)}
+
+    def fold(self, state: dict[str, Any], child: Any, ctx: StepContext) -> dict[str, Any]:
+        return {
+            **state,
+            "child_status": child.status,
+            "child_finished": (child.state or {}).get("finished"),
+        }
+
+    @action(next="done")
+    def recover(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "recovered": True}
+
+    done = end()
+
+
+class FanCallFlow(Workflow[dict]):
+    """A child workflow per item: the fan-out of child workflows."""
+
+    id, version, contract = "fan-call", 1, "fan-call.v1"
+
+    spread = fork(each="items", start="delegate", join="gathered")
+    delegate = call("child", payload="child_payload", on_completed="gathered")
+
+    def child_payload(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {"n": ctx.branch_item}
+
+    gathered = join(next="done")
     done = end()

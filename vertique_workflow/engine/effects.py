@@ -27,6 +27,7 @@ __all__ = [
     "OpenJoin",
     "OpenTask",
     "ScheduleTimer",
+    "StartChild",
     "SupersedeBranches",
     "UpdateBranches",
 ]
@@ -180,6 +181,23 @@ class DecideJoin:
     join_key: str
 
 
+@dataclass(frozen=True)
+class StartChild:
+    """Start a child workflow in the segment's transaction (``call``).
+
+    ``idempotency_key`` is derived from the parent, the command and the step,
+    so a retried segment never starts two; ``parent`` (instance id, step,
+    branch) is stored with the child, whose end records its outcome on the
+    parent as a deduplicated command.
+    """
+
+    definition_id: str
+    version: int | None
+    payload: dict[str, Any]
+    idempotency_key: str
+    parent: dict[str, Any]
+
+
 Effect = (
     ScheduleTimer
     | CancelTimers
@@ -194,4 +212,5 @@ Effect = (
     | OpenJoin
     | Arrive
     | DecideJoin
+    | StartChild
 )

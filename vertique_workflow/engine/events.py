@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 from .decision_log import HistoryEntry
 
 __all__ = [
+    "CHILD_ENDED",
+    "ChildEnded",
     "Completion",
     "Event",
     "Refusal",
@@ -150,4 +152,38 @@ class Completion:
         )
 
 
-Event = Start | Resume | Signal | TimerFired | Completion
+# The reserved signal name of a child's outcome (``call``); never a declared signal.
+CHILD_ENDED = "vertique.child_ended"
+
+
+@dataclass(frozen=True)
+class ChildEnded:
+    """A child workflow a ``call`` step started has ended (a SIGNAL the child's end records).
+
+    ``status`` is the child's ended status, ``state`` its final state JSON.
+    A parent that no longer waits at that step settles it STALE.
+    """
+
+    child_id: Any
+    step_id: str | None
+    status: str
+    state: Any = None
+    error_type: str | None = None
+    branch_token_id: Any = None
+    kind: ClassVar[str] = "SIGNAL"
+
+    def refused(self, step_id: str | None) -> Refusal:
+        return Refusal(
+            "STALE",
+            "CHILD_STALE",
+            f"the parent no longer waits at call step {str(self.step_id)[:64]!r}",
+        )
+
+    def entry(self) -> HistoryEntry:
+        return HistoryEntry(
+            "CHILD_ENDED",
+            {"childId": str(self.child_id), "status": self.status, "step": self.step_id},
+        )
+
+
+Event = Start | Resume | Signal | TimerFired | Completion | ChildEnded

@@ -30,6 +30,7 @@ from ..engine.effects import (
     OpenJoin,
     OpenTask,
     ScheduleTimer,
+    StartChild,
     SupersedeBranches,
     UpdateBranches,
 )
@@ -58,7 +59,26 @@ def persist(
         return []
     due_at = _timers(workflow_id, command_id, effects, metadata)
     _tasks(workflow_id, effects, due_at)
-    return _branches(workflow_id, effects, metadata)
+    settled = _branches(workflow_id, effects, metadata)
+    _children(effects)
+    return settled
+
+
+def _children(effects: Sequence[Effect]) -> None:
+    """Start the children ``call`` steps asked for (other instances: no lock of ours)."""
+    starts = [e for e in effects if isinstance(e, StartChild)]
+    if not starts:
+        return
+    from ..operations import start
+
+    for effect in starts:
+        start(
+            effect.definition_id,
+            effect.payload,
+            idempotency_key=effect.idempotency_key,
+            version=effect.version,
+            _parent=effect.parent,
+        )
 
 
 def _timers(

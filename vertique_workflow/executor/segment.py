@@ -31,7 +31,16 @@ from ..conf import workflow_settings
 from ..definitions import Plan, catalog
 from ..engine.decision_log import HistoryEntry
 from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, Snapshot, drive
-from ..engine.events import Completion, Event, Refusal, Signal, Start, TimerFired
+from ..engine.events import (
+    CHILD_ENDED,
+    ChildEnded,
+    Completion,
+    Event,
+    Refusal,
+    Signal,
+    Start,
+    TimerFired,
+)
 from ..engine.tokens import JoinView, Token
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import DEFAULT_SCOPE, resident_plan
@@ -369,6 +378,16 @@ def _event(command: Any) -> tuple[Event, dict[str, Any] | None]:
     target = command.target or {}
     if command.kind == "START":
         return Start(command.payload), bound
+    if command.kind == "SIGNAL" and target.get("name") == CHILD_ENDED:
+        outcome = command.payload or {}
+        return ChildEnded(
+            target.get("childId"),
+            target.get("stepId"),
+            str(outcome.get("status")),
+            outcome.get("state"),
+            outcome.get("errorType"),
+            branch_token_id=target.get("branchTokenId"),
+        ), bound
     if command.kind == "SIGNAL":
         branch = (target["forkStepId"], target["branchId"]) if target.get("branchId") else None
         return Signal(str(target.get("name")), command.payload, branch), bound
@@ -487,6 +506,10 @@ def _settle_segment(
         common=common,
         subject=command.target if command.kind == "START" else None,
     )
+    if result.ended and row.metadata and row.metadata.get("parent"):
+        from ..operations import notify_parent
+
+        notify_parent(row, result.status, result.state, result.error_type)
     if loaded.has_parked_or_dead:
         transition.settle_parked(row, result)
         for fork_key, branch_id, names in result.branch_waits:

@@ -29,6 +29,11 @@ SELECT id, definition_id, definition_version, plan_hash, status, current_step_id
 FROM {T["instances"]} WHERE id = %s
 """
 
+# The children a parent's ``call`` steps started (``metadata.parent.id``).
+CHILDREN = SELECT.replace("WHERE id = %s", "WHERE (metadata -> 'parent' ->> 'id') = %s::text") + (
+    " ORDER BY created_at, id"
+)
+
 # FAILED at the step that failed (kept when unknown), with the start payload as
 # the state of an instance that never ran; returns where it stood before, which
 # is where a retry resumes it.
@@ -132,6 +137,11 @@ def insert_pending(
 def get(instance_id: Any) -> InstanceRow | None:
     row = db.fetchone(SELECT, (instance_id,))
     return None if row is None else row_from_values(row)
+
+
+def children(parent_id: Any) -> list[InstanceRow]:
+    """The instances started by ``call`` steps of ``parent_id``, oldest first."""
+    return [row_from_values(r) for r in db.fetchall(CHILDREN, (str(parent_id),))]
 
 
 def row_from_values(row: Sequence[Any]) -> InstanceRow:
