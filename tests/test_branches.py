@@ -194,3 +194,56 @@ def test_a_fan_out_costs_a_bounded_number_of_statements_whatever_its_width():
         return len(captured.captured_queries)
 
     assert statements(200, "wide") == statements(2, "narrow"), "one insert for every branch"
+
+
+@pytest.mark.usefixtures("reset_gates")
+def test_a_failing_branch_step_rolls_the_segment_back_and_succeeds_on_a_later_attempt():
+    from tests.flows.workflows import Billing
+
+    Billing.fail_times = 2
+    ref = wf.start("flaky-branches", {}, idempotency_key="k1")
+    assert run_until_idle().outcomes == ["RETRIED", "RETRIED", "COMPLETED"]
+    view = wf.get(ref.id)
+    assert (view.status, view.state["joined"]) == (
+        "COMPLETED",
+        {"charge": "charged", "note": "noted"},
+    )
+    assert WorkflowBranchToken.objects.filter(workflow_id=ref.id).count() == 2, "none twice"
+    assert Billing.calls == 3
+
+
+def record_branch_retry(instance: Any, branch: str) -> int:
+    from django.db import transaction
+
+    from vertique_workflow.store import commands
+
+    with transaction.atomic():
+        command_id, _ = commands.insert(
+            instance, "RETRY", payload=None, target={"forkStepId": "split", "branchId": branch}
+        )
+    return command_id
+
+
+def test_a_branch_addressed_retry_re_drives_its_branch_once():
+    instance = start("parallel")
+    command_id = record_branch_retry(instance, "b")
+    assert run_until_idle().outcomes == ["COMPLETED"]
+    assert WorkflowCommand.objects.get(pk=command_id).state == "COMPLETE"
+    assert tokens(instance)["b"] == "WAITING", "its wait entered again"
+    assert "BRANCH_RETRIED" in history_events(instance)
+    go(instance, "b")
+    go(instance, "c")
+    run_until_idle()
+    assert wf.get(instance).status == "COMPLETED"
+
+
+def test_a_branch_retry_for_an_ended_branch_or_a_decided_join_settles_stale():
+    instance = start("race")
+    go(instance, "fast", key="g1")
+    run_until_idle()  # the join decided: slow superseded, fast completed
+    stale = [record_branch_retry(instance, b) for b in ("slow", "fast")]
+    assert run_until_idle().outcomes == ["SETTLED", "SETTLED"]
+    for command_id in stale:
+        command = WorkflowCommand.objects.get(pk=command_id)
+        assert command.state == "STALE"
+        assert command.last_error.startswith("BRANCH_RETRY_STALE: ")

@@ -264,10 +264,11 @@ def signal(
     """Record a signal for an instance (applied later by an executor).
 
     ``branch`` addresses the signal to one branch of a fork, as
-    ``(fork_step_id, branch_id)``; it is recorded in the command's target. This
-    release has no fork steps, so a branch-addressed signal is parked until a
-    release that runs branches applies it (or settled STALE when the instance
-    ends).
+    ``(fork_step_id, branch_id)``; it is recorded in the command's target. Only
+    a wait of that branch accepts it; it is parked while the branch does not
+    exist yet or waits elsewhere, and settled STALE
+    (``BRANCH_LATE_CALLBACK_IGNORED``) when the branch was superseded or has
+    ended.
 
     A committed duplicate (same key, same name and payload) returns the
     earlier receipt; the same key with another signal raises

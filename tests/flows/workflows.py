@@ -691,3 +691,26 @@ class FanCallFlow(Workflow[dict]):
 
     gathered = join(next="done")
     done = end()
+
+
+class FlakyBranchesFlow(Workflow[dict]):
+    """Two branches; the ``charge`` branch's action fails ``Billing.fail_times`` times first."""
+
+    id, version, contract = "flaky-branches", 1, "flaky-branches.v1"
+
+    split = fork(branches={"charge": "charge", "note": "note"}, join="joined")
+
+    @action(next="joined")
+    def charge(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        Billing.calls += 1
+        if Billing.fail_times > 0:
+            Billing.fail_times -= 1
+            raise ConnectionError("payment gateway down")
+        return {**state, "done": "charged"}
+
+    @action(next="joined")
+    def note(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": "noted"}
+
+    joined = join(merge=_collect, next="done")
+    done = end()

@@ -21,9 +21,19 @@ from ..exceptions import NonRetryable, WorkflowDefinitionError, WorkflowValidati
 from ..payloads import json_size
 from .effects import CreateBranches, OpenJoin, ScheduleTimer, SupersedeBranches, UpdateBranches
 from .effects import OpenTask as OpenTaskEffect
-from .events import Completion, Event, Refusal, Resume, Signal, Start, TimerFired, late_callback
+from .events import (
+    BranchRetry,
+    Completion,
+    Event,
+    Refusal,
+    Resume,
+    Signal,
+    Start,
+    TimerFired,
+    late_callback,
+)
 from .steps import KINDS, StepKind
-from .tokens import JoinView, Progress, Token
+from .tokens import JoinView, Progress, Token, scoped_key
 from .transition import (
     STEP_ATTRIBUTE,
     Decision,
@@ -321,8 +331,35 @@ class Drive:
             return late_callback(event.kind)
         return token
 
+    def retry_branch(self, event: BranchRetry) -> Refusal | None:
+        """Re-drive a branch from its current step once; STALE when it no longer runs."""
+        found = [
+            t
+            for t in self.tokens.values()
+            if t.live
+            and t.branch_id == event.branch_id
+            and event.fork_step_id in (t.fork_key, t.fork_step)
+        ]
+        if not found or found[0].current_step is None:
+            return event.refused(None)
+        token = found[0]
+        fork = self.plan.steps.get(token.fork_step)
+        join_key = (
+            None
+            if fork is None or fork.fork is None
+            else scoped_key(fork.fork.join, token.parent_id)
+        )
+        progress = self.joins.get(join_key) if join_key is not None else None
+        if progress is not None and progress.decided:
+            return event.refused(None)
+        current_step_of(self.plan, token.current_step)
+        self.go(self.token_run(token), token.current_step)
+        return None
+
     def deliver(self, event: Signal | TimerFired | Completion) -> Refusal | None:
         """Offer ``event`` to the step its token waits at; a refusal changes nothing."""
+        if isinstance(event, BranchRetry):
+            return self.retry_branch(event)
         token = self.addressed(event)
         if isinstance(token, Refusal):
             return token

@@ -16,6 +16,7 @@ from .decision_log import HistoryEntry
 
 __all__ = [
     "CHILD_ENDED",
+    "BranchRetry",
     "ChildEnded",
     "Completion",
     "Event",
@@ -152,6 +153,31 @@ class Completion:
         )
 
 
+@dataclass(frozen=True)
+class BranchRetry:
+    """RETRY addressed to a branch (one migration 0003 converted): re-drive it once.
+
+    The branch runs its current step again; a branch that was superseded,
+    has ended, or whose join has decided settles the command STALE.
+    """
+
+    fork_step_id: str
+    branch_id: str
+    kind: ClassVar[str] = "RETRY"
+
+    def refused(self, step_id: str | None) -> Refusal:
+        return Refusal(
+            "STALE",
+            "BRANCH_RETRY_STALE",
+            "the branch no longer runs, or its join has decided",
+        )
+
+    def entry(self) -> HistoryEntry:
+        return HistoryEntry(
+            "BRANCH_RETRIED", {"forkStepId": self.fork_step_id, "branchId": self.branch_id}
+        )
+
+
 # The reserved signal name of a child's outcome (``call``); never a declared signal.
 CHILD_ENDED = "vertique.child_ended"
 
@@ -186,4 +212,4 @@ class ChildEnded:
         )
 
 
-Event = Start | Resume | Signal | TimerFired | Completion | ChildEnded
+Event = Start | Resume | Signal | TimerFired | Completion | ChildEnded | BranchRetry

@@ -33,6 +33,7 @@ from ..engine.decision_log import HistoryEntry
 from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, Snapshot, drive
 from ..engine.events import (
     CHILD_ENDED,
+    BranchRetry,
     ChildEnded,
     Completion,
     Event,
@@ -136,8 +137,6 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
             reason = _not_runnable(head)
         elif head.kind not in SUPPORTED_KINDS:
             reason = f"this release does not run {head.kind} commands yet"
-        elif head.kind == "RETRY" and head.branch_addressed:
-            reason = "this release does not run branch-addressed RETRY commands yet"
         if reason is not None:
             with transaction.atomic(using=db.alias()):
                 count = commands.defer(head.id, head, reason)
@@ -347,7 +346,7 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> tuple[str, str 
         actor=command.actor,
         max_state_bytes=workflow_settings.MAX_PAYLOAD_BYTES,
     )
-    if command.kind == "RETRY":
+    if command.kind == "RETRY" and not (command.target or {}).get("branchId"):
         return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None
     event, bound = _event(command)
     snapshot = _snapshot(plan, row)
@@ -378,6 +377,8 @@ def _event(command: Any) -> tuple[Event, dict[str, Any] | None]:
     target = command.target or {}
     if command.kind == "START":
         return Start(command.payload), bound
+    if command.kind == "RETRY":  # branch-addressed (the others run the recovery segment)
+        return BranchRetry(str(target.get("forkStepId")), str(target.get("branchId"))), bound
     if command.kind == "SIGNAL" and target.get("name") == CHILD_ENDED:
         outcome = command.payload or {}
         return ChildEnded(
