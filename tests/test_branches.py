@@ -247,3 +247,36 @@ def test_a_branch_retry_for_an_ended_branch_or_a_decided_join_settles_stale():
         command = WorkflowCommand.objects.get(pk=command_id)
         assert command.state == "STALE"
         assert command.last_error.startswith("BRANCH_RETRY_STALE: ")
+
+
+def test_a_late_task_completion_of_a_superseded_branch_is_ignored_and_logged():
+    from vertique_workflow.models import WorkflowTask
+
+    instance = start("review-race")
+    task = WorkflowTask.objects.get(workflow_id=instance)
+    assert task.branch_id == "review" and task.branch_token_id is not None
+    go(instance, "auto", key="g1")  # recorded first: it decides the join
+    wf.complete_task(task.id, "approve", idempotency_key="c1")  # reserved, on its way
+    assert run_until_idle().outcomes == ["COMPLETED", "SETTLED"]
+    task.refresh_from_db()
+    assert task.status == "CANCELLED"
+    completion = WorkflowCommand.objects.get(workflow_id=instance, kind="COMPLETION")
+    assert completion.state == "STALE"
+    assert completion.last_error.startswith("BRANCH_LATE_CALLBACK_IGNORED: ")
+    assert tokens(instance) == {"review": "SUPERSEDED", "auto": "COMPLETED"}
+    assert {t.status for t in WorkflowTimer.objects.filter(workflow_id=instance)} == {"CANCELLED"}
+    assert wf.get(instance).current_step == "hold"
+
+
+@pytest.mark.parametrize("order", [("b", "c"), ("c", "b")])
+def test_an_all_join_decides_once_whatever_order_the_branches_finish_in(order):
+    instance = start("parallel")
+    first, second = order
+    go(instance, first)
+    run_until_idle()
+    assert wf.get(instance).status == "WAITING"
+    go(instance, second)
+    run_until_idle()
+    assert wf.get(instance).status == "COMPLETED"
+    joined = WorkflowHistory.objects.filter(workflow_id=instance, outcome="JOINED")
+    assert joined.count() == 1

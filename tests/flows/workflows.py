@@ -714,3 +714,17 @@ class FlakyBranchesFlow(Workflow[dict]):
 
     joined = join(merge=_collect, next="done")
     done = end()
+
+
+class ReviewRaceFlow(Workflow[dict]):
+    """A reviewer's task races a signal (policy any); the loser's task is cancelled."""
+
+    id, version, contract = "review-race", 1, "review-race.v1"
+    signals = {"go": None, "finish": None}
+
+    split = fork(branches={"review": "ask", "auto": "listen"}, join="joined")
+    ask = task(candidate_users=("ann",), decisions={"approve": "joined"}, due="1d", on_due="joined")
+    listen = wait("go", next="joined")
+    joined = join(policy="any", next="hold")
+    hold = wait("finish", next="done")
+    done = end()
