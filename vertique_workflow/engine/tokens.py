@@ -11,24 +11,36 @@ so nested forks and fan-outs of forks never share a key.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["LIVE", "JoinView", "Token", "scoped_key", "split_key"]
 
 LIVE = frozenset({"RUNNING", "WAITING", "RETRY_SCHEDULED"})
-_SEPARATOR = "@"
+SEPARATOR = "@"
 
 
 def scoped_key(step_id: str, parent_token_id: Any = None) -> str:
-    """The stored fork/join key of ``step_id``: plain at the top, ``step@parent`` when nested."""
-    return step_id if parent_token_id is None else f"{step_id}{_SEPARATOR}{parent_token_id}"
+    """The fork (or join) key of a step: plain at the top, ``step@parent`` inside a branch."""
+    if parent_token_id is None:
+        return step_id
+    return f"{step_id}{SEPARATOR}{uuid.UUID(str(parent_token_id))}"
 
 
 def split_key(key: str) -> tuple[str, str | None]:
-    """``scoped_key``'s inverse: (step id, parent token id or None)."""
-    step, sep, parent = key.rpartition(_SEPARATOR)
-    return (step, parent) if sep else (key, None)
+    """The inverse of :func:`scoped_key`: (step id, parent token id as text, or None).
+
+    Only a suffix that is a token id (a UUID) scopes the key, so a step id
+    that itself holds ``@`` stays whole at the top.
+    """
+    step_id, separator, parent = key.rpartition(SEPARATOR)
+    if separator and step_id:
+        try:
+            return step_id, str(uuid.UUID(parent))
+        except ValueError:
+            pass
+    return key, None
 
 
 @dataclass(frozen=True)

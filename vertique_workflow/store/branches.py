@@ -36,6 +36,8 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from ..engine import tokens
+from ..engine.tokens import scoped_key as scoped_key  # the one rule of fork and join keys
 from . import db
 
 T = db.T
@@ -52,26 +54,10 @@ class BranchConflict(DatabaseError):
     sqlstate = "40001"
 
 
-def scoped_key(step_id: str, parent_token_id: Any = None) -> str:
-    """The fork (or join) key of a step: plain at top level, ``step@parent`` inside a branch."""
-    if parent_token_id is None:
-        return step_id
-    return f"{step_id}{SCOPE_SEPARATOR}{uuid.UUID(str(parent_token_id))}"
-
-
 def split_key(key: str) -> tuple[str, uuid.UUID | None]:
-    """The inverse of :func:`scoped_key`: (step id, parent token id or None).
-
-    Only a suffix that is a token id (a UUID) scopes the key, so a step id
-    that itself holds ``@`` stays whole at top level.
-    """
-    step_id, separator, parent = key.rpartition(SCOPE_SEPARATOR)
-    if separator and step_id:
-        try:
-            return step_id, uuid.UUID(parent)
-        except ValueError:
-            pass
-    return key, None
+    """:func:`engine.tokens.split_key` with the parent token id as a UUID."""
+    step_id, parent = tokens.split_key(key)
+    return step_id, None if parent is None else uuid.UUID(parent)
 
 
 @dataclass(frozen=True)
