@@ -91,3 +91,11 @@ def test_the_reserved_child_signal_name_cannot_be_sent():
     parent = start("parent")
     with pytest.raises(wf.WorkflowValidationError, match="reserved"):
         wf.signal(parent, "vertique.child_ended", {}, dedup_key="x")
+
+
+def test_a_child_failed_by_a_non_retryable_error_fails_a_parent_without_on_failed():
+    parent = start("refused-parent")
+    [child] = wf.children(parent)
+    assert (child.status, child.error_type) == ("FAILED", "OUT_OF_STOCK")
+    view = wf.get(parent)
+    assert (view.status, view.error_type) == ("FAILED", "CHILD_FAILED")

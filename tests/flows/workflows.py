@@ -728,3 +728,26 @@ class ReviewRaceFlow(Workflow[dict]):
     joined = join(policy="any", next="hold")
     hold = wait("finish", next="done")
     done = end()
+
+
+class RefusingChildFlow(Workflow[dict]):
+    """A child whose first step fails non-retryably."""
+
+    id, version, contract = "refusing-child", 1, "refusing-child.v1"
+
+    @action(start=True, next="done")
+    def refuse(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from vertique_workflow.exceptions import NonRetryable
+
+        raise NonRetryable("OUT_OF_STOCK", "nothing left")
+
+    done = end()
+
+
+class RefusedParentFlow(Workflow[dict]):
+    """Calls a child that fails non-retryably; no on_failed: the parent fails too."""
+
+    id, version, contract = "refused-parent", 1, "refused-parent.v1"
+
+    delegate = call("refusing-child", on_completed="done", start=True)
+    done = end()

@@ -46,7 +46,7 @@ from ..engine.tokens import JoinView, Token
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import DEFAULT_SCOPE, resident_plan
 from ..store import branches as branch_store
-from ..store import commands, db, history, tasks, timers
+from ..store import commands, db, history, instances, tasks, timers
 from ..store import joins as join_store
 from ..store import segment as segment_store
 from ..store.commands import Head
@@ -299,10 +299,23 @@ def _fail(claim: Claimed, code: str, exc: BaseException, started: float) -> Outc
         exc_info=exc,
     )
     reason = failures.non_retryable(code, step, claim.kind or "claimed", claim.attempts)
-    outcome = _settle_failure(
-        claim, lambda: commands.fail(claim.command_id, claim.token, code, reason, step)
-    )
-    return _outcome(claim, outcome, step, started)
+
+    def settle() -> str:
+        outcome = commands.fail(claim.command_id, claim.token, code, reason, step)
+        if outcome == "FAILED":
+            _notify_parent_of_failure(claim.workflow_id)
+        return outcome
+
+    return _outcome(claim, _settle_failure(claim, settle), step, started)
+
+
+def _notify_parent_of_failure(workflow_id: Any) -> None:
+    """A child FAILED by its executor tells its parent, in the same transaction."""
+    row = instances.get(workflow_id)
+    if row is not None and row.status == "FAILED" and (row.metadata or {}).get("parent"):
+        from ..operations import notify_parent
+
+        notify_parent(row, "FAILED", row.state_json, row.error_type)
 
 
 def _settle_failure(claim: Claimed, settle: Callable[[], str]) -> str:
