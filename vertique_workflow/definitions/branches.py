@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..payloads import json_copy
+from .names import FrozenMap, callable_name
 from .tasks import call_with_state
 
 if TYPE_CHECKING:
@@ -53,13 +54,6 @@ JoinPolicy = Literal["all", "any"] | int
 JoinOutcome = Literal["WAIT", "DECIDED", "FAILED"]
 
 
-def _callable_name(obj: Any) -> str:
-    # plan.callable_name, repeated here because plan.py imports this module.
-    module = getattr(obj, "__module__", None) or "?"
-    qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    return f"{module}.{qualname}"
-
-
 def is_branch_id(value: Any) -> bool:
     """Whether ``value`` is a valid branch id (``BRANCH_ID_RULE``).
 
@@ -68,35 +62,6 @@ def is_branch_id(value: Any) -> bool:
     they are short, plain names: no spaces, slashes or quotes.
     """
     return isinstance(value, str) and _BRANCH_ID.fullmatch(value) is not None
-
-
-class _Branches(Mapping[str, str]):
-    """Branch id -> first step id: read-only, hashable, declaration order kept."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
-        self._data: dict[str, str] = dict(items)
-
-    def __getitem__(self, key: str) -> str:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._data.items()))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Mapping):
-            return NotImplemented
-        return self._data == dict(other)
-
-    def __repr__(self) -> str:
-        return f"Branches({self._data!r})"
 
 
 @dataclass(frozen=True)
@@ -117,7 +82,7 @@ class ForkSpec:
     """
 
     join: str
-    branches: Mapping[str, str] = field(default_factory=_Branches)
+    branches: Mapping[str, str] = field(default_factory=FrozenMap)
     each: str | Callable[..., Any] | None = None
     start: str | None = None
     key: Callable[..., Any] | None = None
@@ -128,11 +93,11 @@ class ForkSpec:
     def __post_init__(self) -> None:
         put = object.__setattr__
         if isinstance(self.branches, Mapping):
-            put(self, "branches", _Branches(self.branches))
+            put(self, "branches", FrozenMap(self.branches))
         if callable(self.each) and self.each_name is None:
-            put(self, "each_name", _callable_name(self.each))
+            put(self, "each_name", callable_name(self.each))
         if self.key is not None and self.key_name is None:
-            put(self, "key_name", _callable_name(self.key))
+            put(self, "key_name", callable_name(self.key))
 
     @property
     def fan_out(self) -> bool:
@@ -188,7 +153,7 @@ class JoinSpec:
 
     def __post_init__(self) -> None:
         if self.merge is not None and self.merge_name is None:
-            object.__setattr__(self, "merge_name", _callable_name(self.merge))
+            object.__setattr__(self, "merge_name", callable_name(self.merge))
 
     def needed(self, expected: int) -> int:
         """How many completed branches decide the join when ``expected`` branches run."""
@@ -237,9 +202,9 @@ class CallSpec:
     def __post_init__(self) -> None:
         put = object.__setattr__
         if self.payload is not None and self.payload_name is None:
-            put(self, "payload_name", _callable_name(self.payload))
+            put(self, "payload_name", callable_name(self.payload))
         if self.result is not None and self.result_name is None:
-            put(self, "result_name", _callable_name(self.result))
+            put(self, "result_name", callable_name(self.result))
 
     def canonical(self) -> dict[str, Any]:
         """The hashed structure: target and transitions, callables by name."""

@@ -14,7 +14,7 @@ import datetime
 import hashlib
 import importlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -24,6 +24,7 @@ from ..exceptions import WorkflowDefinitionError, WorkflowValidationError
 from ..payloads import json_copy, schema_failure
 from .branches import CallSpec, ForkSpec, JoinSpec
 from .durations import parse_duration
+from .names import FrozenMap, callable_name
 from .retry import RetryPolicy
 from .tasks import TaskSpec, call_with_state
 
@@ -52,13 +53,6 @@ _MAX_NAMES_IN_MESSAGE = 5
 TimerFire = tuple[Literal["delay"], int] | tuple[Literal["at"], datetime.datetime]
 
 
-def callable_name(obj: Any) -> str:
-    """``module.qualname`` of a function or class: what the plan hash covers instead of code."""
-    module = getattr(obj, "__module__", None) or "?"
-    qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    return f"{module}.{qualname}"
-
-
 def resolve_class_name(name: str) -> type | None:
     """The class the dotted ``module.qualname`` ``name`` names, or None.
 
@@ -81,30 +75,6 @@ def resolve_class_name(name: str) -> type | None:
                 return None
         return found if isinstance(found, type) else None
     return None
-
-
-class FrozenMap(Mapping[str, str]):
-    """A small read-only, hashable mapping, so a ``Step`` stays immutable and hashable."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
-        self._data: dict[str, str] = dict(items)
-
-    def __getitem__(self, key: str) -> str:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._data.items()))
-
-    def __repr__(self) -> str:
-        return f"FrozenMap({self._data!r})"
 
 
 def _names(value: Any, what: str, step_id: Any) -> tuple[str, ...]:

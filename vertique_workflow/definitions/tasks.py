@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..exceptions import WorkflowDefinitionError, WorkflowValidationError
 from ..payloads import schema_failure
 from .durations import parse_duration
+from .names import callable_name
 
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
@@ -38,13 +39,6 @@ __all__ = [
 
 # workflow_tasks.assignee and the names in candidates_json fit VARCHAR(255).
 MAX_PERSON_NAME_LENGTH = 255
-
-
-def _callable_name(obj: Any) -> str:
-    # plan.callable_name, repeated here because plan.py imports this module.
-    module = getattr(obj, "__module__", None) or "?"
-    qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    return f"{module}.{qualname}"
 
 
 def state_arity(func: Callable[..., Any]) -> int:
@@ -247,7 +241,7 @@ class TaskSpec:
         for attribute in ("assignee", "candidate_users", "candidate_groups", "subject_version"):
             value = getattr(self, attribute)
             if callable(value) and getattr(self, f"{attribute}_name") is None:
-                put(self, f"{attribute}_name", _callable_name(value))
+                put(self, f"{attribute}_name", callable_name(value))
 
     # -- identity ---------------------------------------------------------
 
