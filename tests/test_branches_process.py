@@ -124,9 +124,11 @@ def test_two_executors_drive_the_branches_of_one_instance_once_even_with_a_cance
     join = WorkflowJoinState.objects.get(workflow_id=joined)
     assert join.decided is True
     assert sorted(a["branchId"] for a in join.arrived_json) == sorted(str(i) for i in items)
+    # each segment ran once, on its first attempt: none was rolled back by a conflict
+    # with a segment of the other executor (the execution lock serialises them)
     assert set(
-        WorkflowCommand.objects.filter(workflow_id=joined).values_list("state", flat=True)
-    ) == {"COMPLETE"}
+        WorkflowCommand.objects.filter(workflow_id=joined).values_list("state", "attempts")
+    ) == {("COMPLETE", 1)}
 
     # the instance cancelled while the executors applied its branches
     assert cancel_result == [True]
@@ -149,6 +151,11 @@ def test_two_executors_drive_the_branches_of_one_instance_once_even_with_a_cance
     # (or, claimed before the cancel and run after it, settled without effect)
     assert states["COMPLETE"] == 1 + len(applied), states
     assert set(states) <= {"COMPLETE", "CANCELLED", "STALE"}, states
+    assert set(
+        WorkflowCommand.objects.filter(workflow_id=cancelled, state="COMPLETE").values_list(
+            "attempts", flat=True
+        )
+    ) == {1}
     assert sum(states.values()) == WIDTH, states
     assert not history(cancelled, "DECISION", outcome="JOINED")
     assert not WorkflowJoinState.objects.get(workflow_id=cancelled).decided
