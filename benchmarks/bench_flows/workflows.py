@@ -1,10 +1,19 @@
-"""The benchmark's workflows: three actions, start → wait → signal → end, and a timer."""
+"""The benchmark's workflows: three actions, start → wait → signal → end, a timer, fan-outs."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from vertique_workflow.definitions import StepContext, Workflow, action, end, timer, wait
+from vertique_workflow.definitions import (
+    StepContext,
+    Workflow,
+    action,
+    end,
+    fork,
+    join,
+    timer,
+    wait,
+)
 
 
 class ThreeActions(Workflow[dict]):
@@ -47,4 +56,39 @@ class TimerAt(Workflow[dict]):
     def fire_at(self, state: dict[str, Any]) -> str:
         return str(state["fire_at"])
 
+    done = end()
+
+
+class FanOut(Workflow[dict]):
+    """A fork over ``state["items"]``: each branch runs one action; joined (policy all)."""
+
+    id, version, contract = "bench-fan", 1, "bench.fan"
+
+    spread = fork(each="items", start="work", join="gathered")
+
+    @action(next="gathered")
+    def work(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": ctx.branch_item}
+
+    gathered = join(policy="all", next="done")
+    done = end()
+
+
+class SignalledFanOut(Workflow[dict]):
+    """A fork over ``state["items"]``: each branch waits for its own "go", runs one action.
+
+    Every branch is a segment of its own: one branch-addressed signal each.
+    """
+
+    id, version, contract = "bench-fan-signal", 1, "bench.fan-signal"
+    signals = {"go": None}
+
+    spread = fork(each="items", start="wait_go", join="gathered")
+    wait_go = wait("go", next="work")
+
+    @action(next="gathered")
+    def work(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": ctx.branch_item}
+
+    gathered = join(policy="all", next="done")
     done = end()

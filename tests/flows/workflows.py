@@ -750,4 +750,58 @@ class RefusedParentFlow(Workflow[dict]):
     id, version, contract = "refused-parent", 1, "refused-parent.v1"
 
     delegate = call("refusing-child", on_completed="done", start=True)
+
+
+# -- branches driven by real executor processes (tests/test_branches_process.py) -----
+
+
+class SignalledFanFlow(Workflow[dict]):
+    """One branch per item, each waits for its own "go", then marks itself; all joined.
+
+    Every branch is a segment of its own (one branch-addressed signal each),
+    so several executors compete for the branches of one instance.
+    """
+
+    id, version, contract = "signalled-fan", 1, "signalled-fan.v1"
+    signals = {"go": None}
+
+    spread = fork(each="items", start="wait_go", join="gathered")
+    wait_go = wait("go", next="finish")
+
+    @action(next="gathered")
+    def finish(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": ctx.branch_item}
+
+    gathered = join(merge=_collect, next="done")
+    done = end()
+
+
+class GatedFanFlow(Workflow[dict]):
+    """A fan-out whose branch actions write a Shipment; branch ``gate_at`` waits on the gate.
+
+    All branches run in the START segment that creates them; the branch whose
+    item is ``state["gate_at"]`` takes the advisory lock ``GATE_LOCK_KEY``
+    (held by the test, as for ``GatedFlow``), so the segment blocks in the
+    middle of the fan-out with half of its Shipments written.
+    """
+
+    id, version, contract = "gated-fan", 1, "gated-fan.v1"
+
+    spread = fork(each="items", start="ship", join="gathered")
+
+    @action(next="gathered")
+    def ship(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        from django.db import connection
+
+        from tests.flows.models import Shipment
+
+        Shipment.objects.create(
+            order_ref=f"{ctx.instance_id}:{ctx.branch_id}", created_by_step=ctx.step_id
+        )
+        if ctx.branch_item == state.get("gate_at"):
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [GATE_LOCK_KEY])
+        return {**state, "done": ctx.branch_item}
+
+    gathered = join(merge=_collect, next="done")
     done = end()

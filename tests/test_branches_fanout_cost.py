@@ -1,0 +1,50 @@
+"""The engine's work per branch of a fan-out must not grow with the fan-out's width.
+
+A fan-out over ``items`` gives every branch its own copy of the state, the
+list included, and logs a ``BRANCH_DECISION`` with a JSON patch per branch
+step. The patch is computed by ``jsonpatch.make_patch`` over the branch's
+whole state (``engine/decision_log.decision_entries``), which compares the
+unchanged ``items`` list element by element (a ``json.dumps`` per element),
+and ``payloads.json_copy`` walks the whole state once per branch run: the
+work per branch is proportional to the width, the fan-out's to its square.
+``benchmarks/fanout_benchmark.py`` shows it: a 1000-branch fan-out's one
+segment took ~21 s on a loaded 2-core machine (485 branches/s at width 100,
+48 at width 1000), close to the default ``SEGMENT_DEADLINE_MS`` of 30 s, so
+a few thousand items pass the deadline on every attempt and never finish.
+
+Counted, not timed: the Python function calls of the segment (cProfile's
+total), which a linear engine keeps within a constant factor of the width.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+
+import pytest
+
+import vertique_workflow as wf
+from vertique_workflow.testing import run_until_idle
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def calls_to_drain(width: int, key: str) -> int:
+    ref = wf.start("fan", {"items": list(range(width))}, idempotency_key=key)
+    profile = cProfile.Profile()
+    profile.enable()
+    run_until_idle()
+    profile.disable()
+    assert wf.get(ref.id).status == "COMPLETED"
+    return pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine: per-branch decision patch and state copy are O(width) (see the docstring)",
+)
+def test_a_fan_out_costs_work_proportional_to_its_width_not_its_square():
+    narrow = calls_to_drain(30, "narrow")
+    wide = calls_to_drain(300, "wide")
+    # ten times the branches: a linear engine makes about ten times the calls
+    assert wide <= 15 * narrow, f"{wide} calls for 300 branches, {narrow} for 30"
