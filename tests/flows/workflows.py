@@ -750,6 +750,7 @@ class RefusedParentFlow(Workflow[dict]):
     id, version, contract = "refused-parent", 1, "refused-parent.v1"
 
     delegate = call("refusing-child", on_completed="done", start=True)
+    done = end()
 
 
 # -- branches driven by real executor processes (tests/test_branches_process.py) -----

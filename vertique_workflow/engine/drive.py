@@ -240,19 +240,27 @@ class Drive:
         self.pending.append((run, step_id))
 
     def spawn(
-        self, parent: Run, fork_key: str, join_key: str, branches: list[tuple[str, str, Any]]
+        self,
+        parent: Run,
+        fork_key: str,
+        join_key: str,
+        branches: list[tuple[str, str, Any]],
+        base: dict[str, Any] | None = None,
     ) -> None:
-        """Create one branch token per (branch id, first step, item) and drive each."""
+        """Create one branch token per (branch id, first step, item) and drive each.
+
+        Each branch starts from ``base`` (the forking token's state JSON by
+        default), a copy of its own.
+        """
+        base = parent.before if base is None else base
         self.effects.append(OpenJoin(join_key, fork_key, len(branches)))
         self.joins[join_key] = Progress(join_key, fork_key, len(branches))
         for branch_id, first_step, item in branches:
-            token = Token(
-                uuid.uuid4(), fork_key, branch_id, "RUNNING", first_step, parent.before, item
-            )
+            token = Token(uuid.uuid4(), fork_key, branch_id, "RUNNING", first_step, base, item)
             key = str(token.id)
             self.tokens[key] = token
             self.created.add(key)
-            state = self.plan.state_from_json(parent.before)
+            state = self.plan.state_from_json(base)
             self.go(self._new_run(state, token), first_step)
 
     def siblings(self, fork_key: str) -> list[Token]:
