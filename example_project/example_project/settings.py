@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "pgtrigger",
     "vertique_workflow",
     "expenses",
+    "orders",
 ]
 
 MIDDLEWARE = [

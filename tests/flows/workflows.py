@@ -806,3 +806,17 @@ class GatedFanFlow(Workflow[dict]):
 
     gathered = join(merge=_collect, next="done")
     done = end()
+
+
+class EagerFailFlow(Workflow[dict]):
+    """A branch fails in the fork's own segment while another still waits (issue 9 example)."""
+
+    id, version, contract = "eager-fail", 1, "eager-fail.v1"
+    signals = {"go": None}
+
+    split = fork(branches={"a": "wait_a", "b": "broken"}, join="joined")
+    wait_a = wait("go", next="joined")
+    broken = fail(reason="BRANCH_BROKE")
+    joined = join(next="done", on_failed="gave_up")
+    gave_up = fail(reason="GAVE_UP")
+    done = end()

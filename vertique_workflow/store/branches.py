@@ -45,6 +45,9 @@ T = db.T
 LIVE_STATUSES = ("RUNNING", "WAITING", "RETRY_SCHEDULED")
 ENDED_STATUSES = ("COMPLETED", "FAILED", "SUPERSEDED")
 WRITABLE_STATUSES = ("RUNNING", "WAITING", "COMPLETED", "FAILED")
+# a branch a join superseded in the very drive that forked it is created superseded;
+# an existing token is superseded only by supersede()
+CREATABLE_STATUSES = (*WRITABLE_STATUSES, "SUPERSEDED")
 SCOPE_SEPARATOR = "@"
 
 
@@ -197,8 +200,8 @@ def _row(values: Sequence[Any]) -> BranchRow:
     )
 
 
-def _check_status(status: str) -> str:
-    if status not in WRITABLE_STATUSES:
+def _check_status(status: str, allowed: tuple[str, ...] = WRITABLE_STATUSES) -> str:
+    if status not in allowed:
         raise ValueError(f"a branch cannot be written as {status!r}")
     return status
 
@@ -224,7 +227,7 @@ def create(workflow_id: Any, branches: Sequence[NewBranch]) -> None:
             "token_id": str(b.token_id),
             "fork_step_id": b.fork_step_id,
             "branch_id": b.branch_id,
-            "status": _check_status(b.status),
+            "status": _check_status(b.status, CREATABLE_STATUSES),
             "current_step_id": b.current_step_id,
             "state": b.state,
             "item": b.item,

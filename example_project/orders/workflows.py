@@ -1,0 +1,183 @@
+"""The demo of parallel branches: order fulfilment.
+
+Payment, stock reservation and a fraud check run in parallel, joined
+(policy all)::
+
+    check_stock --(sold out)--> sold_out (fails, OUT_OF_STOCK)
+    split --payment--> await_payment (branch-addressed signals)
+                          --payment_confirmed--> joined
+                          --payment_declined--> declined (fails the branch)
+          --stock----> reserve (action: a StockReservation row) -> joined
+          --fraud----> fraud_route --(amount < FRAUD_LIMIT)--> fraud_clear -> joined
+                                   \\--(otherwise)--> fraud_review (task, group "fraud")
+                                          --clear--> joined
+                                          --block--> fraud_blocked (fails the branch, BLOCKED)
+    joined (all; merge) --> shipping -> shipped
+           \\--on_failed--> cancelled (a refund note, then fails CANCELLED)
+
+Shipping is its own workflow, ``order-shipping``. The parent will start it
+as a child with ``call``; until ``call`` runs in the engine the parent's
+``shipping`` step waits for the ``shipped`` signal instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vertique_workflow.definitions import (
+    StepContext,
+    Workflow,
+    action,
+    decision,
+    decision_to,
+    end,
+    fail,
+    fork,
+    join,
+    task,
+    wait,
+)
+
+from .models import StockReservation
+
+FRAUD_LIMIT = 1000  # orders from this amount on get a fraud-review task
+OUT_OF_STOCK_SKU = "none-left"  # the demo's way to make the stock branch fail
+
+CONFIRMED = {
+    "type": "object",
+    "required": ["reference"],
+    "properties": {"reference": {"type": "string", "minLength": 1, "maxLength": 100}},
+    "additionalProperties": False,
+}
+REVIEW = {
+    "type": "object",
+    "properties": {"reviewed_by": {"type": "string", "minLength": 1, "maxLength": 255}},
+    "additionalProperties": False,
+}
+SHIPPED = {
+    "type": "object",
+    "properties": {"tracking": {"type": "string", "minLength": 1, "maxLength": 100}},
+    "additionalProperties": False,
+}
+
+
+class OrderFulfilment(Workflow[dict]):
+    """Payment, stock and fraud check in parallel; a failure of any cancels the order."""
+
+    id, version, contract = "order-fulfilment", 1, "orders.fulfilment"
+    signals = {"payment_confirmed": CONFIRMED, "payment_declined": None, "shipped": SHIPPED}
+    start_schema = {
+        "type": "object",
+        "required": ["amount", "sku", "quantity"],
+        "properties": {
+            "amount": {"type": "integer", "minimum": 0},
+            "sku": {"type": "string", "minLength": 1, "maxLength": 64},
+            "quantity": {"type": "integer", "minimum": 1},
+            "customer": {"type": "string", "maxLength": 255},
+        },
+        "additionalProperties": False,
+    }
+
+    @decision(start=True, targets=["split", "sold_out"])
+    def check_stock(self, state: dict[str, Any]) -> str:
+        # before the fork, not in the stock branch: a branch that fails in the
+        # fork's own segment trips an engine bug today (reported to the lead;
+        # tests/test_branches_same_segment.py)
+        return "sold_out" if state["sku"] == OUT_OF_STOCK_SKU else "split"
+
+    sold_out = fail(reason="OUT_OF_STOCK")
+
+    split = fork(
+        branches={"payment": "await_payment", "stock": "reserve", "fraud": "fraud_route"},
+        join="joined",
+    )
+
+    # payment: the view sends payment_confirmed addressed to this branch
+    await_payment = wait(
+        "payment_confirmed",
+        "payment_declined",
+        on={"payment_confirmed": "joined", "payment_declined": "declined"},
+    )
+    declined = fail(reason="PAYMENT_DECLINED")  # fails the payment branch
+
+    @action(next="joined")
+    def reserve(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        # same transaction as the step: a retried segment never reserves twice
+        StockReservation.objects.get_or_create(
+            instance_id=ctx.instance_id,
+            defaults={"sku": state["sku"], "quantity": state["quantity"]},
+        )
+        return {**state, "reserved": True}
+
+    @decision(targets=["fraud_clear", "fraud_review"])
+    def fraud_route(self, state: dict[str, Any]) -> str:
+        return "fraud_clear" if state["amount"] < FRAUD_LIMIT else "fraud_review"
+
+    @action(next="joined")
+    def fraud_clear(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "fraud": "cleared"}
+
+    fraud_review = task(
+        title="Review order for fraud",
+        candidate_groups=["fraud"],
+        decisions={
+            "clear": decision_to("joined", schema=REVIEW),
+            "block": decision_to("fraud_blocked", schema=REVIEW),
+        },
+    )
+    fraud_blocked = fail(reason="BLOCKED")
+
+    joined = join(policy="all", merge="collect", next="shipping", on_failed="cancelled")
+
+    def collect(self, state: dict[str, Any], results: Any, ctx: StepContext) -> dict[str, Any]:
+        """Take what each branch found into the order's state."""
+        payment = results["payment"].state
+        stock = results["stock"].state
+        fraud = results["fraud"].state
+        return {
+            **state,
+            "payment_reference": payment.get("reference"),
+            "reserved": bool(stock.get("reserved")),
+            "fraud": fraud.get("fraud") or "reviewed",
+            "reviewed_by": fraud.get("reviewed_by"),
+        }
+
+    # TODO(lead): switch on when `call` runs in the engine, and drop the wait below:
+    # shipping = call(
+    #     "order-shipping",
+    #     payload="shipping_payload",
+    #     on_completed="shipped",
+    #     on_failed="cancelled",
+    # )
+    #
+    # def shipping_payload(self, state: dict[str, Any]) -> dict[str, Any]:
+    #     return {"sku": state["sku"], "quantity": state["quantity"]}
+    shipping = wait("shipped", next="shipped")
+    shipped = end()
+
+    @action(next="cancelled_end")
+    def cancelled(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        # a real shop refunds here; the demo only notes it
+        StockReservation.objects.filter(instance_id=ctx.instance_id).delete()
+        return {**state, "refunded": True}
+
+    cancelled_end = fail(reason="CANCELLED")
+
+
+class OrderShipping(Workflow[dict]):
+    """Shipping of one order: the warehouse sends ``shipped``, or it ships by itself after 2h."""
+
+    id, version, contract = "order-shipping", 1, "orders.shipping"
+    signals = {"shipped": SHIPPED}
+    start_schema = {
+        "type": "object",
+        "required": ["sku", "quantity"],
+        "properties": {
+            "sku": {"type": "string", "minLength": 1, "maxLength": 64},
+            "quantity": {"type": "integer", "minimum": 1},
+        },
+        "additionalProperties": False,
+    }
+
+    dispatch = wait("shipped", next="done", timeout="2h", on_timeout="done", start=True)
+    done = end()
