@@ -184,15 +184,19 @@ def confirm_payment(request: HttpRequest, instance_id: uuid.UUID) -> HttpRespons
 
 @require_POST
 def ship(request: HttpRequest, instance_id: uuid.UUID) -> HttpResponse:
-    """Mark the order shipped: the ``shipped`` signal its shipping step waits for."""
+    """Mark the order shipped: the ``shipped`` signal its shipping child workflow waits for."""
     instance = _instance(instance_id)
     form = ShipForm(request.POST)
     if not form.is_valid():
         return _render_detail(request, instance, ship_form=form)
+    shipping = [c for c in wf.children(instance.id) if c.definition_id == "order-shipping"]
+    if not shipping:
+        form.add_error(None, "The order is not being shipped yet.")
+        return _render_detail(request, instance, ship_form=form)
     try:
         with transaction.atomic():
             sent = wf.signal(
-                instance.id,
+                shipping[-1].id,
                 "shipped",
                 {"tracking": form.cleaned_data["tracking"]},
                 dedup_key=str(form.cleaned_data["idempotency_key"]),

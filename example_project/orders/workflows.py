@@ -15,9 +15,9 @@ Payment, stock reservation and a fraud check run in parallel, joined
     joined (all; merge) --> shipping -> shipped
            \\--on_failed--> cancelled (a refund note, then fails CANCELLED)
 
-Shipping is its own workflow, ``order-shipping``. The parent will start it
-as a child with ``call``; until ``call`` runs in the engine the parent's
-``shipping`` step waits for the ``shipped`` signal instead.
+Shipping is its own workflow, ``order-shipping``, started by the parent's
+``shipping`` step as a child (``call``); the warehouse's ``shipped`` signal
+goes to the child, and the child's end brings the tracking number back.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from vertique_workflow.definitions import (
     StepContext,
     Workflow,
     action,
+    call,
     decision,
     decision_to,
     end,
@@ -142,17 +143,22 @@ class OrderFulfilment(Workflow[dict]):
             "reviewed_by": fraud.get("reviewed_by"),
         }
 
-    # TODO(lead): switch on when `call` runs in the engine, and drop the wait below:
-    # shipping = call(
-    #     "order-shipping",
-    #     payload="shipping_payload",
-    #     on_completed="shipped",
-    #     on_failed="cancelled",
-    # )
-    #
-    # def shipping_payload(self, state: dict[str, Any]) -> dict[str, Any]:
-    #     return {"sku": state["sku"], "quantity": state["quantity"]}
-    shipping = wait("shipped", next="shipped")
+    # shipping is a child workflow: the warehouse signals the child, whose end
+    # brings its tracking number back here
+    shipping = call(
+        "order-shipping",
+        payload="shipping_payload",
+        result="note_tracking",
+        on_completed="shipped",
+        on_failed="cancelled",
+    )
+
+    def shipping_payload(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"sku": state["sku"], "quantity": state["quantity"]}
+
+    def note_tracking(self, state: dict[str, Any], child: Any, ctx: StepContext) -> dict[str, Any]:
+        return {**state, "tracking": (child.state or {}).get("tracking")}
+
     shipped = end()
 
     @action(next="cancelled_end")
