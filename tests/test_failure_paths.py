@@ -304,6 +304,9 @@ def test_the_transient_backoff_grows_with_the_transient_count():
                     [head.id],
                 )
                 delays.append(float(cursor.fetchone()[0]))
+    # available_at and now() above are both the claim transaction's own clock
+    # (one transaction, one now()): the delay is the code's own arithmetic,
+    # never the machine's speed.
     # jitter in [0.5, 1] of 1 s, 2 s, 4 s, 8 s: each band above the one before
     for count, delay in enumerate(delays):
         assert 0.5 * 2**count - 1e-3 <= delay <= 2**count + 1e-3, (count, delays)

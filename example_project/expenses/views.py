@@ -25,12 +25,12 @@ from vertique_workflow.models import WorkflowInstance, WorkflowTask
 
 from .forms import ApproveForm, ExpenseFormV2, ReceiptForm, RejectForm
 from .models import Payment
+from .pages import ACTIVE_TASK, instance_of, open_task
 
 DEFINITION_ID = "expense-approval"
 DECISIONS = {"approve": "approved", "reject": "rejected"}
 BUTTONS = [("approve", "Approve"), ("reject", "Reject")]
 IN_FLIGHT = {"PENDING", "RUNNING"}  # the detail page reloads itself meanwhile
-ACTIVE_TASK = ["OPEN", "COMPLETING"]
 RECEIPT_STEP = "receipt"  # version 2's wait for the "receipt" signal
 
 
@@ -85,34 +85,13 @@ def index(request: HttpRequest) -> HttpResponse:
 
 
 def _instance(instance_id: uuid.UUID) -> wf.InstanceView:
-    try:
-        instance = wf.get(instance_id)
-    except wf.WorkflowNotFound:
-        raise Http404("no such workflow instance") from None
-    if instance.definition_id != DEFINITION_ID:
-        raise Http404("not an expense workflow")
-    return instance
-
-
-def _open_task(instance_id: uuid.UUID) -> wf.TaskView | None:
-    """The instance's open (or completing) task, if it waits at a task step."""
-    row = (
-        WorkflowTask.objects.filter(workflow_id=instance_id, status__in=ACTIVE_TASK)
-        .order_by("-created_at")
-        .first()
-    )
-    if row is None:
-        return None
-    try:
-        return wf.get_task(row.id)
-    except wf.WorkflowNotFound:
-        return None
+    return instance_of(DEFINITION_ID, instance_id, "expense")
 
 
 def _render_detail(
     request: HttpRequest, instance: wf.InstanceView, status: int = 200, **bound: forms.Form
 ) -> HttpResponse:
-    task = _open_task(instance.id)
+    task = open_task(instance.id)
     may_decide = task is not None and task.status == "OPEN" and wf.can_complete(request.user, task)
     waits_for_receipt = instance.status == "WAITING" and instance.current_step == RECEIPT_STEP
     return render(

@@ -18,16 +18,16 @@ from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
+from expenses.pages import instance_of, open_task
 
 import vertique_workflow as wf
-from vertique_workflow.models import WorkflowInstance, WorkflowTask
+from vertique_workflow.models import WorkflowInstance
 
 from .models import StockReservation
 
 DEFINITION_ID = "order-fulfilment"
 FORK_STEP = "split"  # the fork whose payment branch the confirmation addresses
 IN_FLIGHT = {"PENDING", "RUNNING"}
-ACTIVE_TASK = ["OPEN", "COMPLETING"]
 REVIEW_DECISIONS = {"clear": "cleared", "block": "blocked"}
 
 
@@ -97,34 +97,14 @@ def index(request: HttpRequest) -> HttpResponse:
 
 
 def _instance(instance_id: uuid.UUID) -> wf.InstanceView:
-    try:
-        instance = wf.get(instance_id)
-    except wf.WorkflowNotFound:
-        raise Http404("no such workflow instance") from None
-    if instance.definition_id != DEFINITION_ID:
-        raise Http404("not an order workflow")
-    return instance
-
-
-def _open_task(instance_id: uuid.UUID) -> wf.TaskView | None:
-    row = (
-        WorkflowTask.objects.filter(workflow_id=instance_id, status__in=ACTIVE_TASK)
-        .order_by("-created_at")
-        .first()
-    )
-    if row is None:
-        return None
-    try:
-        return wf.get_task(row.id)
-    except wf.WorkflowNotFound:
-        return None
+    return instance_of(DEFINITION_ID, instance_id, "order")
 
 
 def _render_detail(
     request: HttpRequest, instance: wf.InstanceView, status: int = 200, **bound: forms.Form
 ) -> HttpResponse:
     branches = wf.branches(instance.id)
-    task = _open_task(instance.id)
+    task = open_task(instance.id)
     may_review = task is not None and task.status == "OPEN" and wf.can_complete(request.user, task)
     awaits_payment = any(
         b.branch_id == "payment" and b.status == "WAITING" and b.current_step == "await_payment"

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from ..engine.decision_log import HistoryEntry
 from ..engine.effects import (
     Arrive,
     CancelTasks,
@@ -45,7 +46,7 @@ def persist(
     command_id: int,
     effects: Sequence[Effect],
     metadata: dict[str, Any] | None,
-) -> list[dict[str, Any]]:
+) -> list[HistoryEntry]:
     """Write ``effects`` of one transition of ``workflow_id`` (the segment holds the lock).
 
     ``command_id`` is the segment's own command, never cancelled with a
@@ -60,25 +61,55 @@ def persist(
     due_at = _timers(workflow_id, command_id, effects, metadata)
     _tasks(workflow_id, effects, due_at)
     settled = _branches(workflow_id, effects, metadata)
-    _children(effects)
-    return settled
+    entries = [
+        HistoryEntry(
+            "BRANCH_LATE_CALLBACK_IGNORED",
+            {
+                "commandId": c["id"],
+                "seq": c["seq"],
+                "kind": c["kind"],
+                "reason": "BRANCH_SUPERSEDED",
+            },
+            extra={"command_id": c["id"]},
+        )
+        for c in settled
+    ]
+    entries.extend(_children(effects))
+    return entries
 
 
-def _children(effects: Sequence[Effect]) -> None:
-    """Start the children ``call`` steps asked for (other instances: no lock of ours)."""
+def _children(effects: Sequence[Effect]) -> list[HistoryEntry]:
+    """Start the children ``call`` steps asked for (other instances: no lock of ours).
+
+    Each start is logged on the parent as ``CHILD_STARTED`` with the child's
+    id: that entry (on the parent's history index) is how ``wf.children``
+    and a parent's cancel find the children, without scanning instances.
+    """
     starts = [e for e in effects if isinstance(e, StartChild)]
     if not starts:
-        return
+        return []
     from ..operations import start
 
+    entries: list[HistoryEntry] = []
     for effect in starts:
-        start(
+        ref = start(
             effect.definition_id,
             effect.payload,
             idempotency_key=effect.idempotency_key,
             version=effect.version,
             _parent=effect.parent,
         )
+        entries.append(
+            HistoryEntry(
+                "CHILD_STARTED",
+                {
+                    "childId": str(ref.id),
+                    "workflow": effect.definition_id,
+                    "step": effect.parent.get("stepId"),
+                },
+            )
+        )
+    return entries
 
 
 def _timers(

@@ -496,21 +496,8 @@ def _settle_segment(
     common = _common(loaded, node_id)
     if not result.applied:
         return _settle_refused(claim, loaded, result.refusal, event, common)
-    settled = effects.persist(row.id, command.id, result.effects, context.capture())
     entries = _entries(event, row, result)
-    entries.extend(
-        HistoryEntry(
-            "BRANCH_LATE_CALLBACK_IGNORED",
-            {
-                "commandId": c["id"],
-                "seq": c["seq"],
-                "kind": c["kind"],
-                "reason": "BRANCH_SUPERSEDED",
-            },
-            extra={"command_id": c["id"]},
-        )
-        for c in settled
-    )
+    entries.extend(effects.persist(row.id, command.id, result.effects, context.capture()))
     transition.persist(
         row,
         command.id,

@@ -29,9 +29,15 @@ SELECT id, definition_id, definition_version, plan_hash, status, current_step_id
 FROM {T["instances"]} WHERE id = %s
 """
 
-# The children a parent's ``call`` steps started (``metadata.parent.id``).
-CHILDREN = SELECT.replace("WHERE id = %s", "WHERE (metadata -> 'parent' ->> 'id') = %s::text") + (
-    " ORDER BY created_at, id"
+# The children a parent's ``call`` steps started: named by the parent's
+# CHILD_STARTED history entries (the parent's history index, no instance scan).
+CHILDREN = (
+    SELECT.replace(
+        "WHERE id = %s",
+        f"""WHERE id IN (SELECT (h.payload_json ->> 'childId')::uuid FROM {T["history"]} h
+                  WHERE h.workflow_id = %s AND h.event_type = 'CHILD_STARTED')""",
+    )
+    + " ORDER BY created_at, id"
 )
 
 # FAILED at the step that failed (kept when unknown), with the start payload as
@@ -141,7 +147,7 @@ def get(instance_id: Any) -> InstanceRow | None:
 
 def children(parent_id: Any) -> list[InstanceRow]:
     """The instances started by ``call`` steps of ``parent_id``, oldest first."""
-    return [row_from_values(r) for r in db.fetchall(CHILDREN, (str(parent_id),))]
+    return [row_from_values(r) for r in db.fetchall(CHILDREN, (parent_id,))]
 
 
 def row_from_values(row: Sequence[Any]) -> InstanceRow:
