@@ -26,6 +26,7 @@ The settings in force are printed with the figures. Statistics are refreshed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -33,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -278,6 +280,35 @@ def latency(url: str, samples: int) -> list[float]:
         proc.wait(30)
 
 
+@contextlib.contextmanager
+def bench_database(*, statements: bool = True) -> Iterator[str]:
+    """A throwaway database of its own, migrated, Django set up on it; its URL.
+
+    ``statements``: install pg_stat_statements (for the per-instance counts).
+    The database is dropped afterwards, whatever happens.
+    """
+    dbname = f"vw_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    url = url_for(dbname)
+    os.environ["DATABASE_URL"] = url
+    try:
+        if statements:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        manage(url, "migrate", "-v", "0")
+        import django
+
+        django.setup()
+        yield url
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(admin_url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--instances", type=int, default=2000)
@@ -287,20 +318,9 @@ def main() -> None:
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput table")
     args = parser.parse_args()
 
-    dbname = f"vw_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
-    url = url_for(dbname)
-    os.environ["DATABASE_URL"] = url
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        manage(url, "migrate", "-v", "0")
+    with bench_database(statements=True) as url:
         limit = commit_rate(url)
         print(f"commit-rate limit (4 clients, single-row INSERT): {limit:,.0f} commits/s")
-        import django
-
-        django.setup()
         counters = Counters(url)
         results = []
         for kind in () if args.latency_only else ("three", "signal"):
@@ -350,12 +370,6 @@ def main() -> None:
             f"best 3-action single-process throughput: {best:.0f}/s = "
             f"{best / limit:.3f} x commit limit (target 0.05)"
         )
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin_url(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ figures (``commit_rate``).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -48,12 +47,10 @@ import psycopg
 
 from benchmarks.executor_benchmark import (
     Counters,
-    admin_url,
     analyze,
+    bench_database,
     commit_rate,
-    manage,
     run_executors,
-    url_for,
 )
 
 SPAN_SQL = """
@@ -201,31 +198,14 @@ def main() -> None:
     parser.add_argument("--threads", default="1,4")
     args = parser.parse_args()
 
-    dbname = f"vw_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
-    url = url_for(dbname)
-    os.environ["DATABASE_URL"] = url
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        manage(url, "migrate", "-v", "0")
+    with bench_database(statements=True) as url:
         limit = commit_rate(url)
         print(f"commit-rate limit (4 clients, single-row INSERT): {limit:,.0f} commits/s")
-        import django
-
-        django.setup()
         counters = Counters(url)
         for width in map(int, args.widths.split(",")):
             for threads in map(int, args.threads.split(",")):
                 for figure in run_width(url, counters, width, threads, args.branches):
                     print_figure(figure, limit)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin_url(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import uuid
 
 import psycopg
 
-from benchmarks.executor_benchmark import ROOT, admin_url, manage, url_for
+from benchmarks.executor_benchmark import ROOT, bench_database
 
 LATENESS_SQL = """
 SELECT extract(epoch FROM h.created_at - t.fire_at) * 1000,
@@ -158,13 +158,7 @@ def main() -> None:
     parser.add_argument("--spread", type=float, default=10.0, help="seconds over which they fall")
     args = parser.parse_args()
 
-    dbname = f"vw_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
-    url = url_for(dbname)
-    os.environ["DATABASE_URL"] = url
-    try:
-        manage(url, "migrate", "-v", "0")
+    with bench_database(statements=False) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             settings = {
                 name: conn.execute(f"SHOW {name}").fetchone()[0]
@@ -175,17 +169,8 @@ def main() -> None:
             "applied = created_at of the TIMER_FIRED history entry (statement_timestamp() of "
             "the segment's history insert); settled_at = now() (the segment's start)"
         )
-        import django
-
-        django.setup()
         for threads in map(int, args.threads.split(",")):
             run(url, threads, args.timers, args.lead, args.spread)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin_url(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
 if __name__ == "__main__":
