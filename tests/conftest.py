@@ -119,9 +119,10 @@ def holder(django_db_blocker: Any) -> Iterator[psycopg.Connection]:
 
 @pytest.fixture
 def reset_gates() -> Iterator[None]:
-    from tests.flows.workflows import Billing, Blocking, Gate, Probes
+    from tests.flows.workflows import Billing, Blocking, Gate, Gifts, Probes
 
     def reset() -> None:
+        Gifts.mode, Gifts.calls = "ok", 0
         Gate.fail_times, Gate.non_retryable, Gate.calls = 0, False, 0
         Billing.fail_times, Billing.non_retryable, Billing.calls = 0, False, 0
         Probes.lock_timeouts, Probes.iterations, Probes.slow = [], 0, ""

@@ -296,15 +296,7 @@ def signal(
     _require_key(dedup_key, "dedup_key")
     _require_payload(payload, "the signal payload")
     explicit = context.explicit_carrier(carrier, max_bytes=workflow_settings.MAX_PAYLOAD_BYTES)
-    target: dict[str, Any] = {"name": name}
-    if branch is not None:
-        if (
-            not isinstance(branch, tuple)
-            or len(branch) != 2
-            or not all(isinstance(part, str) and part for part in branch)
-        ):
-            raise WorkflowValidationError("branch must be a (fork_step_id, branch_id) pair")
-        target.update(forkStepId=branch[0], branchId=branch[1])
+    target: dict[str, Any] = {"name": name, **(_branch_target(branch) or {})}
     fingerprint = _fingerprint(name=name, payload=payload, branch=branch)
     namespace = str(workflow_id)
     earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
@@ -470,6 +462,7 @@ def retry(
     actor: context.Actor | None = None,
     reason: str | None = None,
     idempotency_key: str | None = None,
+    branch: tuple[str, str] | None = None,
 ) -> RetryReceipt:
     """Record a RETRY command: repair a FAILED instance and re-offer its dead letters.
 
@@ -487,13 +480,22 @@ def retry(
     makes a repeat return the first receipt even after that retry ran; the
     same key for another instance or reason raises ``WorkflowConflict``.
     ``reason`` is stored as the actor's reason. Refusals write nothing.
+
+    ``branch`` (``(fork_step_id, branch_id)``, as for :func:`signal`) retries
+    one branch instead: a branch that failed terminally (its step's attempts
+    spent, or an error never retried) runs its failed step again, its
+    arrival taken back from the join, while the join has not decided; the
+    instance need not be FAILED (an any or n-of-m join may still wait). The
+    command settles STALE (``BRANCH_RETRY_STALE``) when the branch was
+    superseded or completed, or its join has decided.
     """
     workflow_id = _uuid(instance_id)
+    target = _branch_target(branch)
     if reason is not None:
         _require_key(reason, "reason")
     if idempotency_key is not None:
         _require_key(idempotency_key, "idempotency_key")
-    fingerprint = _fingerprint(reason=reason)
+    fingerprint = _fingerprint(reason=reason, branch=branch)
     namespace = str(workflow_id)
     if idempotency_key is not None:
         earlier = dedup.find("RETRY", DEFAULT_SCOPE, namespace, idempotency_key)
@@ -511,14 +513,14 @@ def retry(
             if row.ended:
                 raise WorkflowConflict(f"the instance has ended ({row.status}); retry refused")
             has_dead, open_retry = commands.retry_needed(workflow_id)
-            if row.status != "FAILED" and not has_dead:
+            if target is None and row.status != "FAILED" and not has_dead:
                 raise WorkflowConflict(
                     f"the instance is {row.status} with no dead-lettered command: nothing to retry"
                 )
-            if open_retry is not None:
+            if target is None and open_retry is not None:
                 return RetryReceipt(workflow_id, open_retry, duplicate=True)
             command_id, _ = commands.insert(
-                workflow_id, "RETRY", context=context.capture(), actor=stored
+                workflow_id, "RETRY", target=target, context=context.capture(), actor=stored
             )
             if idempotency_key is not None and not dedup.claim(
                 "RETRY",
@@ -538,6 +540,19 @@ def retry(
     except DatabaseError as exc:
         raise db.translate(exc, "retry") from None
     return RetryReceipt(workflow_id, command_id, duplicate=False)
+
+
+def _branch_target(branch: Any) -> dict[str, str] | None:
+    """The command target addressing ``branch`` (``(fork_step_id, branch_id)``), or None."""
+    if branch is None:
+        return None
+    if (
+        not isinstance(branch, tuple)
+        or len(branch) != 2
+        or not all(isinstance(part, str) and part for part in branch)
+    ):
+        raise WorkflowValidationError("branch must be a (fork_step_id, branch_id) pair")
+    return {"forkStepId": branch[0], "branchId": branch[1]}
 
 
 def _replayed_retry(

@@ -716,6 +716,73 @@ class FlakyBranchesFlow(Workflow[dict]):
     done = end()
 
 
+class Gifts:
+    """Switch of BrokenBranchesFlow's ``gift`` step: "ok", "refuse" or "flaky" (reset_gates)."""
+
+    mode = "ok"
+    calls = 0
+
+
+def _gift(state: dict[str, Any]) -> dict[str, Any]:
+    from vertique_workflow.exceptions import NonRetryable
+
+    Gifts.calls += 1
+    if Gifts.mode == "refuse":
+        raise NonRetryable("GIFT_REFUSED", "no gifts today")
+    if Gifts.mode == "never":
+        raise KeyError("wrapping")
+    if Gifts.mode == "flaky":
+        raise ConnectionError("gift shop down")
+    return {**state, "done": "gifted"}
+
+
+class BrokenBranchesFlow(Workflow[dict]):
+    """Two of three branches needed; the ``gift`` branch's action may fail terminally."""
+
+    id, version, contract = "broken-branches", 1, "broken-branches.v1"
+    signals = {"go": None, "finish": None}
+
+    split = fork(branches={"charge": "charge", "gift": "gift", "note": "wait_note"}, join="joined")
+
+    @action(next="joined")
+    def charge(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "done": "charged"}
+
+    @action(
+        next="joined",
+        retry=Retry(max_attempts=2, backoff=datetime.timedelta(milliseconds=5), never=(KeyError,)),
+    )
+    def gift(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return _gift(state)
+
+    wait_note = wait("go", next="joined")
+    joined = join(policy=2, merge=_collect, next="hold", on_failed="gave_up")
+
+    @action(next="hold")
+    def gave_up(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "gave_up": True}
+
+    hold = wait("finish", next="done")
+    done = end()
+
+
+class AllOrNothingFlow(Workflow[dict]):
+    """Both branches needed, no on_failed: a branch failing terminally fails the instance."""
+
+    id, version, contract = "all-or-nothing", 1, "all-or-nothing.v1"
+    signals = {"go": None}
+
+    split = fork(branches={"gift": "gift", "note": "wait_note"}, join="joined")
+
+    @action(next="joined")
+    def gift(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return _gift(state)
+
+    wait_note = wait("go", next="joined")
+    joined = join(merge=_collect, next="done")
+    done = end()
+
+
 class ReviewRaceFlow(Workflow[dict]):
     """A reviewer's task races a signal (policy any); the loser's task is cancelled."""
 

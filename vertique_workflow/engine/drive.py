@@ -11,6 +11,7 @@ engine never touches the database.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,14 @@ from typing import Any
 from ..definitions import Plan, Step
 from ..exceptions import NonRetryable, WorkflowDefinitionError, WorkflowValidationError
 from ..payloads import json_size
-from .effects import CreateBranches, OpenJoin, ScheduleTimer, SupersedeBranches, UpdateBranches
+from .effects import (
+    CreateBranches,
+    OpenJoin,
+    ScheduleTimer,
+    SupersedeBranches,
+    UpdateBranches,
+    WithdrawArrival,
+)
 from .effects import OpenTask as OpenTaskEffect
 from .events import (
     BranchRetry,
@@ -33,7 +41,7 @@ from .events import (
     late_callback,
 )
 from .steps import KINDS, StepKind
-from .tokens import JoinView, Progress, Token, scoped_key
+from .tokens import LIVE, JoinView, Progress, Token, scoped_key
 from .transition import (
     STEP_ATTRIBUTE,
     Decision,
@@ -42,6 +50,7 @@ from .transition import (
     Run,
     RunFacts,
     Transition,
+    mark_branch,
     mark_step,
     refused_input,
 )
@@ -134,9 +143,11 @@ def drive(plan: Plan, snapshot: Snapshot, event: Event, facts: RunFacts) -> Tran
         state = state_of(plan, event.payload or {}, "PAYLOAD_INVALID", plan.start)
         tokens.go(tokens.main_run(state), plan.start)
     elif isinstance(event, Resume):
-        current_step_of(plan, event.step_id)  # a step the code lost fails as STEP_NOT_IN_PLAN
+        step = current_step_of(plan, event.step_id)  # a lost step fails as STEP_NOT_IN_PLAN
         state = state_of(plan, snapshot.state, "STATE_INVALID", event.step_id)
-        tokens.go(tokens.main_run(state), event.step_id)
+        # an instance failed at a join (JOIN_FAILED) runs its branches again, from the fork
+        again = plan.fork_of_join.get(step.id, step.id) if step.kind == "join" else step.id
+        tokens.go(tokens.main_run(state), again)
     else:
         refusal = tokens.deliver(event)
         if refusal is not None:
@@ -294,11 +305,48 @@ class Drive:
                 continue
             self._run(run, step_id)
 
+    def branch_path(self, token: Token) -> str:
+        """``fork/branch`` of ``token`` from the outermost fork: stable across reruns.
+
+        Token ids are new in every run of a segment, so a branch that failed
+        terminally in a rolled-back run is found again by its path.
+        """
+        parts = [f"{token.fork_step}/{token.branch_id}"]
+        parent = token.parent_id
+        while parent is not None and parent in self.tokens:
+            outer = self.tokens[parent]
+            parts.append(f"{outer.fork_step}/{outer.branch_id}")
+            parent = outer.parent_id
+        return " > ".join(reversed(parts))
+
+    def _failed_earlier(self, run: Run, step: Step) -> Halt | None:
+        """Fail ``run``'s branch at ``step`` when the step failed terminally before."""
+        if run.token is None or not self.facts.failed_branches:
+            return None
+        error = self.facts.failed_at(self.branch_path(run.token), step.id)
+        if error is None:
+            return None
+        from .steps.fail import fail_branch
+
+        code = error.split(":", 1)[0]
+        return fail_branch(run, step, "STEP_FAILED", {"reason": code}, error)
+
+    def _enter(self, run: Run, step: Step) -> str | Halt:
+        moved = self._failed_earlier(run, step)
+        if moved is not None:
+            return moved
+        try:
+            return _kind(self.plan, step).enter(run, step)
+        except Exception as exc:  # code the engine ran for a branch: say which
+            if run.token is not None:
+                mark_branch(exc, self.branch_path(run.token))
+            raise
+
     def _run(self, run: Run, step_id: str) -> None:
         plan = self.plan
         for _ in range(MAX_STEPS_PER_SEGMENT):
             step = plan.step(step_id)
-            moved = _kind(plan, step).enter(run, step)
+            moved = self._enter(run, step)
             if isinstance(moved, Halt):
                 self.halts[run.key] = (step, moved)
                 return
@@ -340,17 +388,23 @@ class Drive:
         return token
 
     def retry_branch(self, event: BranchRetry) -> Refusal | None:
-        """Re-drive a branch from its current step once; STALE when it no longer runs."""
+        """Re-drive a branch from its current step once; STALE when it no longer runs.
+
+        A live branch (one migration 0003 converted from RETRY_SCHEDULED) runs
+        its current step again; a branch that *failed* (``wf.retry(...,
+        branch=...)``) does too, its arrival taken back from the join, as
+        long as the join has not decided. A superseded or completed branch,
+        or a decided join, settles the command STALE.
+        """
         found = [
             t
             for t in self.tokens.values()
-            if t.live
-            and t.branch_id == event.branch_id
-            and event.fork_step_id in (t.fork_key, t.fork_step)
+            if t.branch_id == event.branch_id and event.fork_step_id in (t.fork_key, t.fork_step)
         ]
-        if not found or found[0].current_step is None:
+        live = [t for t in found if t.live]
+        token = live[0] if live else (found[-1] if found else None)
+        if token is None or token.current_step is None or token.status not in {*LIVE, "FAILED"}:
             return event.refused(None)
-        token = found[0]
         fork = self.plan.steps.get(token.fork_step)
         join_key = (
             None
@@ -360,7 +414,15 @@ class Drive:
         progress = self.joins.get(join_key) if join_key is not None else None
         if progress is not None and progress.decided:
             return event.refused(None)
+        if token.status == "FAILED" and (progress is None or join_key is None):
+            return event.refused(None)
         current_step_of(self.plan, token.current_step)
+        if token.status == "FAILED":
+            assert progress is not None and join_key is not None
+            progress.arrived = [a for a in progress.arrived if a["tokenId"] != str(token.id)]
+            self.effects.append(WithdrawArrival(join_key, token.id))
+            token = dataclasses.replace(token, status="RUNNING")
+            self.tokens[str(token.id)] = token
         self.go(self.token_run(token), token.current_step)
         return None
 
@@ -381,7 +443,16 @@ class Drive:
             return refusal
         assert kind.accept is not None
         run = self.main_run() if token is None else self.token_run(token)
-        moved = kind.accept(run, step, event)  # a kind may still refuse, having seen the state
+        failed = self._failed_earlier(run, step)
+        if failed is not None:
+            self.halts[run.key] = (step, failed)
+            return None
+        try:
+            moved = kind.accept(run, step, event)  # a kind may still refuse, having seen the state
+        except Exception as exc:
+            if token is not None:
+                mark_branch(exc, self.branch_path(token))
+            raise
         if isinstance(moved, Refusal):
             return moved
         if isinstance(moved, Halt):

@@ -30,6 +30,7 @@ __all__ = [
     "StartChild",
     "SupersedeBranches",
     "UpdateBranches",
+    "WithdrawArrival",
 ]
 
 
@@ -175,6 +176,14 @@ class Arrive:
 
 
 @dataclass(frozen=True)
+class WithdrawArrival:
+    """A failed branch is retried: take its arrival back from the undecided join."""
+
+    join_key: str
+    token_id: Any
+
+
+@dataclass(frozen=True)
 class DecideJoin:
     """The join's policy decided: mark it, so no later arrival decides it again."""
 
@@ -211,6 +220,7 @@ Effect = (
     | SupersedeBranches
     | OpenJoin
     | Arrive
+    | WithdrawArrival
     | DecideJoin
     | StartChild
 )

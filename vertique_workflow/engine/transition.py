@@ -18,6 +18,7 @@ from ..exceptions import NonRetryable
 from .effects import CancelTasks, CancelTimers, Effect, OpenTask, ScheduleTimer
 
 __all__ = [
+    "BRANCH_ATTRIBUTE",
     "STEP_ATTRIBUTE",
     "Decision",
     "DriveResult",
@@ -25,17 +26,37 @@ __all__ = [
     "Run",
     "RunFacts",
     "Transition",
+    "failed_branch_of",
+    "mark_branch",
     "mark_step",
     "refused_input",
 ]
 
 STEP_ATTRIBUTE = "_vertique_step"
+# the path of the branch whose step raised ("" for the instance's own token):
+# a terminal failure there fails only that branch (see RunFacts.failed_branches)
+BRANCH_ATTRIBUTE = "_vertique_branch"
 
 
 def mark_step(exc: BaseException, step_id: str) -> None:
     """Remember which step raised, so the executor can say where (never what)."""
     if not hasattr(exc, STEP_ATTRIBUTE):
         setattr(exc, STEP_ATTRIBUTE, step_id)
+
+
+def mark_branch(exc: BaseException, path: str) -> None:
+    """Remember which branch's step raised (the first mark wins, as for the step)."""
+    if not hasattr(exc, BRANCH_ATTRIBUTE):
+        setattr(exc, BRANCH_ATTRIBUTE, path)
+
+
+def failed_branch_of(exc: BaseException) -> tuple[str, str] | None:
+    """(branch path, step id) when a branch's step raised ``exc``; None for the instance."""
+    path = getattr(exc, BRANCH_ATTRIBUTE, "")
+    step = getattr(exc, STEP_ATTRIBUTE, None)
+    if not path or not step:
+        return None
+    return path, step
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,18 @@ class RunFacts:
     # MAX_PAYLOAD_BYTES, handed in by the segment (the engine reads no settings):
     # the largest state a drive may leave to be stored; None checks no size.
     max_state_bytes: int | None = None
+    # branch steps that failed terminally in an earlier run of this command's
+    # segment (rolled back): (branch path, step id, the stored error text).
+    # The drive fails that branch there instead of running the step again, so
+    # its join's policy decides (see Drive.branch_path).
+    failed_branches: tuple[tuple[str, str, str], ...] = ()
+
+    def failed_at(self, path: str, step_id: str) -> str | None:
+        """The error text when the branch ``path`` failed terminally at ``step_id``."""
+        for failed_path, failed_step, error in self.failed_branches:
+            if failed_path == path and failed_step == step_id:
+                return error
+        return None
 
 
 @dataclass(frozen=True)
@@ -166,6 +199,7 @@ class Run:
             return callback(*args)
         except Exception as exc:
             mark_step(exc, step_id)
+            mark_branch(exc, "" if self.token is None else self.drive.branch_path(self.token))
             raise
 
     def log(self, step_id: str, outcome: str, detail: dict[str, Any] | None = None) -> None:

@@ -34,6 +34,7 @@ from ..engine.effects import (
     StartChild,
     SupersedeBranches,
     UpdateBranches,
+    WithdrawArrival,
 )
 from ..store import branches, commands, joins, tasks, timers
 from ..store.timers import TimerSpec
@@ -210,6 +211,7 @@ def _branches(
         SupersedeBranches,
         OpenJoin,
         Arrive,
+        WithdrawArrival,
         DecideJoin,
     )
     if not any(isinstance(effect, branch_effects) for effect in effects):
@@ -234,10 +236,13 @@ def _branches(
                 ],
             )
         elif isinstance(effect, UpdateBranches):
+            retried = {str(e.token_id) for e in effects if isinstance(e, WithdrawArrival)}
             branches.update(
                 workflow_id,
                 [
-                    branches.BranchChange(t.id, t.status, t.current_step, t.state)
+                    branches.BranchChange(
+                        t.id, t.status, t.current_step, t.state, retried=str(t.id) in retried
+                    )
                     for t in effect.tokens
                 ],
             )
@@ -250,6 +255,9 @@ def _branches(
             )
     # per join, in one statement each: open, every arrival of the drive, decide
     arrivals: dict[str, list[dict[str, Any]]] = {}
+    for effect in effects:
+        if isinstance(effect, WithdrawArrival):  # before the arrivals: it may arrive anew
+            joins.withdraw(workflow_id, effect.join_key, effect.token_id)
     for effect in effects:
         if isinstance(effect, OpenJoin):
             joins.open(workflow_id, effect.join_key, effect.fork_key, effect.expected)

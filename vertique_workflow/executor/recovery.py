@@ -35,7 +35,7 @@ from ..exceptions import NonRetryable, WorkflowConflict
 from ..store import commands, history
 from ..store import definitions as registry
 from ..store import segment as segment_store
-from . import transition
+from . import effects, transition
 
 
 def run(
@@ -96,6 +96,8 @@ def run(
         result = DriveResult(True, row.status, row.current_step_id, row.state_json)
     else:
         entries.extend(transition.logged_entries(result, row, baseline_needed=fresh_start))
+        # what the re-drive asked for (timers, tasks, branches, children) is written too
+        entries.extend(effects.persist(row.id, command.id, result.effects, context.capture()))
     transition.persist(row, command.id, token, result, entries=entries, common=common)
     offered = commands.reoffer(row.id, failed_command)
     if offered:

@@ -43,6 +43,7 @@ from ..engine.events import (
     TimerFired,
 )
 from ..engine.tokens import JoinView, Token
+from ..engine.transition import failed_branch_of
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import DEFAULT_SCOPE, resident_plan
 from ..store import branches as branch_store
@@ -177,29 +178,95 @@ def run_claimed(claim: Claimed, plan: Plan | None, node_id: str) -> Outcome:
     step's policy never retries, or a broken plan fail the command and the
     instance at once; any other exception spends the attempt, backs off by
     the step's policy and is dead-lettered when the step's attempts are spent.
+    A step of a *branch* that fails terminally (``NonRetryable``, never
+    retried, or its attempts spent) fails only its branch: the rolled-back
+    segment runs again with that branch failed at that step, so the branch
+    arrives FAILED at its join and the join's policy decides.
     The stored texts come from :mod:`vertique_workflow.failures`; what the
     code raised is logged here, with instance, command and step, only.
     """
     started = time.monotonic()
-    bound: deadline.Deadline | None = None
-    try:
-        with (
-            deadline.bounded(workflow_settings.SEGMENT_DEADLINE_MS) as bound,
-            transaction.atomic(using=db.alias()),
-        ):
-            result, step = _segment(claim, plan, node_id)
-        return _outcome(claim, result, step, started)
-    except NonRetryable as exc:
-        return _fail(claim, exc.reason_code, exc, started)
-    except WorkflowDefinitionError as exc:
-        return _fail(claim, "DEFINITION_BROKEN", exc, started)
-    except DatabaseError as exc:
-        _drop_broken_connection()
-        if (bound is not None and bound.expired()) or db.is_retryable(exc):
-            return _transient(claim, exc, bound, started)
-        return _code_error(claim, plan, exc, started)
-    except Exception as exc:  # workflow code raised: the segment rolled back
-        return _code_error(claim, plan, exc, started)
+    failed_branches: tuple[tuple[str, str, str], ...] = ()
+    while True:
+        bound: deadline.Deadline | None = None
+        try:
+            with (
+                deadline.bounded(workflow_settings.SEGMENT_DEADLINE_MS) as bound,
+                transaction.atomic(using=db.alias()),
+            ):
+                result, step = _segment(claim, plan, node_id, failed_branches)
+            return _outcome(claim, result, step, started)
+        except NonRetryable as exc:
+            failed = _branch_failure(claim, exc, exc.reason_code, failed_branches)
+            if failed is None:
+                return _fail(claim, exc.reason_code, exc, started)
+        except WorkflowDefinitionError as exc:
+            return _fail(claim, "DEFINITION_BROKEN", exc, started)
+        except DatabaseError as exc:
+            _drop_broken_connection()
+            if (bound is not None and bound.expired()) or db.is_retryable(exc):
+                return _transient(claim, exc, bound, started)
+            failed = _branch_code_error(claim, plan, exc, failed_branches)
+            if failed is None:
+                return _code_error(claim, plan, exc, started)
+        except Exception as exc:  # workflow code raised: the segment rolled back
+            failed = _branch_code_error(claim, plan, exc, failed_branches)
+            if failed is None:
+                return _code_error(claim, plan, exc, started)
+        failed_branches = failed
+
+
+def _branch_code_error(
+    claim: Claimed,
+    plan: Plan | None,
+    exc: BaseException,
+    failed_branches: tuple[tuple[str, str, str], ...],
+) -> tuple[tuple[str, str, str], ...] | None:
+    """The failed branches to run again with, when ``exc`` is terminal for a branch step."""
+    policy = _step_policy(plan, getattr(exc, STEP_ATTRIBUTE, None))
+    if policy.never_retried(exc):
+        return _branch_failure(claim, exc, "NON_RETRYABLE", failed_branches)
+    if claim.attempts >= policy.max_attempts:
+        return _branch_failure(claim, exc, "ATTEMPTS_EXHAUSTED", failed_branches, policy)
+    return None
+
+
+def _branch_failure(
+    claim: Claimed,
+    exc: BaseException,
+    code: str,
+    failed_branches: tuple[tuple[str, str, str], ...],
+    policy: backoff.Effective | None = None,
+) -> tuple[tuple[str, str, str], ...] | None:
+    """Add the branch whose step raised ``exc`` to ``failed_branches`` (None: not a branch).
+
+    A branch already failed there that raises again (the failure is not one
+    the drive can route to the join) fails the command as before.
+    """
+    where = failed_branch_of(exc)
+    if where is None:
+        return None
+    path, step = where
+    if any(p == path and s == step for p, s, _ in failed_branches):
+        return None
+    kind = claim.kind or "claimed"
+    if policy is not None:
+        error = failures.attempts_exhausted(
+            step, kind, claim.attempts, policy.max_attempts, "STEP_FAILED"
+        )
+    else:
+        error = failures.non_retryable(code, step, kind, claim.attempts)
+    logger.warning(
+        "command %s (%s) of %s: step %s of branch %s failed terminally (%s); the branch fails",
+        claim.command_id,
+        kind,
+        claim.workflow_id,
+        step,
+        path,
+        code,
+        exc_info=exc,
+    )
+    return (*failed_branches, (path, step, error))
 
 
 def _outcome(claim: Claimed, result: str, step: str | None, started: float) -> Outcome:
@@ -329,7 +396,12 @@ def _settle_failure(claim: Claimed, settle: Callable[[], str]) -> str:
     return "BUSY"
 
 
-def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> tuple[str, str | None]:
+def _segment(
+    claim: Claimed,
+    plan: Plan | None,
+    node_id: str,
+    failed_branches: tuple[tuple[str, str, str], ...] = (),
+) -> tuple[str, str | None]:
     """The segment's statements and drive; returns (result, the step the instance is at)."""
     segment_store.begin(
         claim.workflow_id,
@@ -358,6 +430,7 @@ def _segment(claim: Claimed, plan: Plan | None, node_id: str) -> tuple[str, str 
         command_kind=command.kind,
         actor=command.actor,
         max_state_bytes=workflow_settings.MAX_PAYLOAD_BYTES,
+        failed_branches=failed_branches,
     )
     if command.kind == "RETRY" and not (command.target or {}).get("branchId"):
         return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None

@@ -85,6 +85,9 @@ class BranchChange:
     status: str
     current_step_id: str | None
     state: Any
+    # a FAILED token run again by a branch retry (wf.retry(branch=...)): the
+    # one change a token that is no longer live may take
+    retried: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,15 +150,16 @@ ORDER BY fork_step_id, created_at, id
 SELECT = f"SELECT {_COLUMNS} FROM {T['branch_tokens']} WHERE id = %s"
 SELECT_FOR_UPDATE = SELECT + " FOR UPDATE"
 
-# One statement for the list; each row guarded by "live". The item is kept,
+# One statement for the list; each row guarded by "live" (or FAILED and retried). The item is kept,
 # metadata is not named (never updated). Rows locked in ascending id.
 UPDATE = f"""
 WITH changes AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS c(
-        token_id uuid, status text, current_step_id text, state jsonb)
+        token_id uuid, status text, current_step_id text, state jsonb, retried boolean)
 ), target AS (
     SELECT b.id FROM {T["branch_tokens"]} b JOIN changes ON changes.token_id = b.id
-    WHERE b.workflow_id = %(wf)s AND b.status IN {LIVE_STATUSES!r}
+    WHERE b.workflow_id = %(wf)s
+      AND (b.status IN {LIVE_STATUSES!r} OR (changes.retried AND b.status = 'FAILED'))
     ORDER BY b.id FOR UPDATE OF b
 )
 UPDATE {T["branch_tokens"]} b
@@ -273,6 +277,7 @@ def update(workflow_id: Any, changes: Sequence[BranchChange]) -> None:
             "status": _check_status(c.status),
             "current_step_id": c.current_step_id,
             "state": c.state,
+            "retried": c.retried,
         }
         for c in changes
     ]

@@ -4,10 +4,11 @@ A row is keyed by (workflow_id, join key): the join step id at top level,
 ``"<join step>@<parent branch token id>"`` for a join inside a branch
 (``branches.scoped_key``). ``arrived_json`` lists the branches that reached
 the join, in arrival order, as ``{"branchId", "tokenId", "status"}`` with
-status COMPLETED or FAILED; the branches' states stay on their tokens and are
-never copied here. ``decided`` turns true once, guarded by ``decided =
-false``; a guarded change that finds no row raises :class:`JoinConflict`
-(SQLSTATE 40001), so the segment rolls back.
+status COMPLETED or FAILED (a FAILED one with its ``error`` text); the
+branches' states stay on their tokens and are never copied here.
+``decided`` turns true once, guarded by ``decided = false``; a guarded
+change that finds no row raises :class:`JoinConflict` (SQLSTATE 40001), so
+the segment rolls back.
 
 Statements run in the caller's transaction, under the execution lock; the
 table has no foreign key to workflow_instances.
@@ -84,6 +85,18 @@ WHERE j.workflow_id = %(wf)s AND j.join_step_id = %(join)s
 RETURNING {_COLUMNS}
 """
 
+# A branch retried after it failed: its arrival is taken back, so it counts
+# again when it arrives anew. Only an undecided join changes.
+WITHDRAW = f"""
+UPDATE {T["join_states"]} j
+SET arrived_json = COALESCE((
+        SELECT jsonb_agg(a.value ORDER BY a.ord)
+        FROM jsonb_array_elements(j.arrived_json) WITH ORDINALITY AS a(value, ord)
+        WHERE a.value ->> 'tokenId' <> %(token)s), '[]'::jsonb),
+    updated_at = now()
+WHERE j.workflow_id = %(wf)s AND j.join_step_id = %(join)s AND j.decided = FALSE
+"""
+
 DECIDE = f"""
 UPDATE {T["join_states"]} SET decided = TRUE, updated_at = now()
 WHERE workflow_id = %s AND join_step_id = %s AND decided = FALSE
@@ -109,11 +122,14 @@ def _arrival(value: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("an arrival is {branchId, tokenId, status: COMPLETED or FAILED}")
     if not value.get("branchId") or not value.get("tokenId"):
         raise ValueError("an arrival names its branchId and tokenId")
-    return {
+    arrival = {
         "branchId": str(value["branchId"]),
         "tokenId": str(uuid.UUID(str(value["tokenId"]))),
         "status": value["status"],
     }
+    if value.get("error"):  # why a branch failed: a stored failure text, bounded
+        arrival["error"] = str(value["error"])[:255]
+    return arrival
 
 
 def open(workflow_id: Any, join_key: str, fork_key: str, expected: int) -> None:
@@ -145,6 +161,15 @@ def arrive(workflow_id: Any, join_key: str, arrivals: Sequence[dict[str, Any]]) 
     if row is None:
         raise JoinConflict("the join has no state row")
     return _row(row)
+
+
+def withdraw(workflow_id: Any, join_key: str, token_id: Any) -> None:
+    """Take a retried branch's arrival back; :class:`JoinConflict` when the join decided."""
+    changed = db.execute(
+        WITHDRAW, {"wf": workflow_id, "join": join_key, "token": str(uuid.UUID(str(token_id)))}
+    )
+    if changed != 1:
+        raise JoinConflict("the join has decided already")
 
 
 def decide(workflow_id: Any, join_key: str) -> None:

@@ -16,13 +16,9 @@ NAME = "fail"
 def enter(run: Run, step: Step) -> Halt:
     reason = step.reason or "FAILED"
     if run.token is not None:  # a branch fails alone: its join's policy decides
-        from . import join
-
-        run.note(step.id, "FAILED", {"reason": reason})
-        fork = run.plan.step(run.token.fork_step).fork
-        assert fork is not None
-        join.arrive(run, run.plan.step(fork.join), "FAILED", f"{reason}: fail step {step.id!r}")
-        return Halt("BRANCH_FAILED")
+        return fail_branch(
+            run, step, "FAILED", {"reason": reason}, f"{reason}: fail step {step.id!r}"
+        )
     run.note(step.id, "FAILED", {"reason": reason})
     if run.plan.opens_timers_or_tasks:
         run.effect(CloseAll())
@@ -31,3 +27,20 @@ def enter(run: Run, step: Step) -> Halt:
         error_type=reason,
         error_message=f"{reason}: workflow reached fail step {step.id!r}",
     )
+
+
+def fail_branch(run: Run, step: Step, outcome: str, detail: dict[str, str], error: str) -> Halt:
+    """End ``run``'s branch FAILED at ``step``: it arrives FAILED at its fork's join.
+
+    For a ``fail`` step and for a step that failed terminally (its attempts
+    spent, or an error its policy never retries): the branch keeps its
+    token, and the join's policy decides whether the instance goes on.
+    ``error`` is a stored text of :mod:`vertique_workflow.failures` kind.
+    """
+    from . import join
+
+    run.note(step.id, outcome, detail)
+    fork = run.plan.step(run.token.fork_step).fork
+    assert fork is not None
+    join.arrive(run, run.plan.step(fork.join), "FAILED", error)
+    return Halt("BRANCH_FAILED")
