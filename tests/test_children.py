@@ -93,6 +93,14 @@ def test_the_reserved_child_signal_name_cannot_be_sent():
         wf.signal(parent, "vertique.child_ended", {}, dedup_key="x")
 
 
+def test_a_child_whose_start_is_dead_lettered_takes_the_parents_on_failed():
+    parent = start("exhausted-parent")
+    [child] = wf.children(parent)
+    assert (child.status, child.error_type) == ("FAILED", "ATTEMPTS_EXHAUSTED")
+    view = wf.get(parent)
+    assert (view.status, view.state) == ("COMPLETED", {"fell_back": True})
+
+
 def test_a_child_failed_by_a_non_retryable_error_fails_a_parent_without_on_failed():
     parent = start("refused-parent")
     [child] = wf.children(parent)

@@ -820,6 +820,32 @@ class RefusedParentFlow(Workflow[dict]):
     done = end()
 
 
+class ExhaustingChildFlow(Workflow[dict]):
+    """A child whose first step fails on its only attempt: its START is dead-lettered."""
+
+    id, version, contract = "exhausting-child", 1, "exhausting-child.v1"
+
+    @action(start=True, next="done", retry=Retry(max_attempts=1))
+    def attempt(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        raise ConnectionError("warehouse unreachable")
+
+    done = end()
+
+
+class ExhaustedParentFlow(Workflow[dict]):
+    """Calls a child whose START is dead-lettered, and takes on_failed."""
+
+    id, version, contract = "exhausted-parent", 1, "exhausted-parent.v1"
+
+    delegate = call("exhausting-child", on_completed="done", on_failed="fallback", start=True)
+
+    @action(next="done")
+    def fallback(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return {**state, "fell_back": True}
+
+    done = end()
+
+
 # -- branches driven by real executor processes (tests/test_branches_process.py) -----
 
 

@@ -341,9 +341,14 @@ def _code_error(claim: Claimed, plan: Plan | None, exc: BaseException, started: 
         reason = failures.attempts_exhausted(
             step, kind, claim.attempts, policy.max_attempts, "STEP_FAILED"
         )
-        outcome = _settle_failure(
-            claim, lambda: commands.dead_letter(claim.command_id, claim.token, reason, step)
-        )
+
+        def settle() -> str:
+            outcome = commands.dead_letter(claim.command_id, claim.token, reason, step)
+            if outcome == "DEAD" and claim.kind == "START":  # the instance FAILED with it
+                _notify_parent_of_failure(claim.workflow_id)
+            return outcome
+
+        outcome = _settle_failure(claim, settle)
         return _outcome(claim, "DEAD" if outcome == "DEAD" else outcome, step, started)
     commands.retry_after_error(
         claim.command_id,
