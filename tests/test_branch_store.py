@@ -112,6 +112,38 @@ def test_scoped_keys_round_trip_and_name_the_parent_branch():
     assert [r.branch_id for r in branches.for_instance(workflow_id, fork_key="fork")] == ["y"]
 
 
+def test_addressed_reads_the_branch_an_event_names_and_the_branches_enclosing_it():
+    workflow_id = waiting_instance()
+    outer = new_branch("east", fork_step_id="outer")
+    sibling = new_branch("west", fork_step_id="outer")
+    inner = new_branch("x", fork_step_id=branches.scoped_key("inner", outer.token_id))
+    other = new_branch("x", fork_step_id=branches.scoped_key("inner", sibling.token_id))
+    odd = new_branch("x", fork_step_id="inner@home")  # a step id with "@": not scoped
+    plain = new_branch("x", fork_step_id="inner")
+    branches.create(workflow_id, [outer, sibling, inner, other, odd, plain])
+
+    def ids(**address: Any) -> set[uuid.UUID]:
+        with CaptureQueriesContext(db.connection()) as q:
+            found = branches.addressed(workflow_id, **address)
+        assert len(q.captured_queries) == 1
+        return {r.id for r in found}
+
+    by_step = ids(fork_step_id="inner", branch_id="x")
+    assert by_step == {
+        inner.token_id,
+        other.token_id,
+        plain.token_id,
+        outer.token_id,
+        sibling.token_id,
+    }, "every x of the fork step inner, plain or scoped, and their parents; not inner@home"
+    scoped = branches.scoped_key("inner", outer.token_id)
+    assert ids(fork_step_id=scoped, branch_id="x") == {inner.token_id, outer.token_id}
+    assert ids(token_id=inner.token_id) == {inner.token_id, outer.token_id}
+    assert ids(fork_step_id="inner@home", branch_id="x") == {odd.token_id}
+    assert ids(fork_step_id="outer", branch_id="north") == set()
+    assert ids(token_id=uuid.uuid4()) == set()
+
+
 def test_update_changes_status_step_and_state_in_one_statement_and_keeps_item_and_metadata():
     workflow_id = waiting_instance()
     a, b = new_branch("a", item={"sku": "A"}), new_branch("b", item={"sku": "B"})

@@ -45,3 +45,39 @@ def test_a_fan_out_costs_work_proportional_to_its_width_not_its_square():
     wide = calls_to_drain(300, "wide")
     # ten times the branches: a linear engine makes about ten times the calls
     assert wide <= 15 * narrow, f"{wide} calls for 300 branches, {narrow} for 30"
+
+
+def calls_to_signal_every_branch(width: int, key: str) -> tuple[int, int]:
+    """(Python calls, token rows read) to drain one branch signal per branch of a fan-out."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from vertique_workflow import tables
+
+    ref = wf.start("signalled-fan", {"items": list(range(width))}, idempotency_key=key)
+    run_until_idle()
+    for n in range(width):
+        wf.signal(ref.id, "go", None, dedup_key=f"{key}-{n}", branch=("spread", str(n)))
+    profile = cProfile.Profile()
+    with CaptureQueriesContext(connection) as captured:
+        profile.enable()
+        run_until_idle()
+        profile.disable()
+    assert wf.get(ref.id).status == "COMPLETED"
+    full_reads = [
+        q["sql"]
+        for q in captured.captured_queries
+        if tables.BRANCH_TOKENS in q["sql"]
+        and q["sql"].lstrip().startswith("SELECT")
+        and "RECURSIVE" not in q["sql"]
+    ]
+    return pstats.Stats(profile).total_calls, len(full_reads)  # type: ignore[attr-defined]
+
+
+def test_a_branch_signal_reads_its_own_branch_not_every_token_of_the_fan_out():
+    narrow, narrow_reads = calls_to_signal_every_branch(20, "narrow")
+    wide, wide_reads = calls_to_signal_every_branch(200, "wide")
+    # every token is read once: when the last signal's branch decides the join
+    assert (narrow_reads, wide_reads) == (1, 1)
+    # ten times the signals: about ten times the calls, not a hundred
+    assert wide <= 15 * narrow, f"{wide} calls for 200 signals, {narrow} for 20"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,11 @@ class Snapshot:
     waits at, or the step it failed at); ``state`` the stored state JSON.
     ``branches`` are the branch tokens of its forks and ``joins`` their
     joins' progress by join key (read only for plans that fork).
+    ``more_branches``, when set, reads every token of the instance:
+    ``branches`` then holds only those the event addresses (and the
+    branches enclosing them), and the drive reads the rest only when it
+    needs them -- a join that decides, a fork's siblings -- so a signal to
+    one branch of a wide fan-out reads a few tokens, not all of them.
     """
 
     status: str
@@ -77,6 +82,7 @@ class Snapshot:
     state: dict[str, Any] | None
     branches: tuple[Token, ...] = ()
     joins: Mapping[str, JoinView] = field(default_factory=dict)
+    more_branches: Callable[[], Sequence[Token]] | None = None
 
 
 def state_of(plan: Plan, state_json: Any, code: str, step_id: str) -> Any:
@@ -194,6 +200,7 @@ class Drive:
         self.decisions: list[Decision] = []
         self.effects: list[Any] = []
         self.tokens: dict[str, Token] = {str(t.id): t for t in snapshot.branches}
+        self._unread: Callable[[], Sequence[Token]] | None = snapshot.more_branches
         self.runs: dict[str | None, Run] = {}
         self.halts: dict[str | None, tuple[Step, Halt]] = {}
         self.pending: list[tuple[Run, str]] = []
@@ -244,7 +251,23 @@ class Drive:
         """The run of the token that forked ``token``'s branch."""
         if token.parent_id is None:
             return self.main_run()
-        return self.token_run(self.tokens[token.parent_id])
+        return self.token_run(self.token(token.parent_id))
+
+    def all_tokens(self) -> dict[str, Token]:
+        """Every token of the instance (read once, on first need; the drive's changes kept)."""
+        unread, self._unread = self._unread, None
+        if unread is not None:
+            merged = {str(t.id): self.tokens.get(str(t.id), t) for t in unread()}
+            for key, token in self.tokens.items():
+                merged.setdefault(key, token)
+            self.tokens.clear()
+            self.tokens.update(merged)
+        return self.tokens
+
+    def token(self, key: str) -> Token:
+        """The token ``key`` (reading every token when the snapshot did not hold it)."""
+        found = self.tokens.get(key)
+        return found if found is not None else self.all_tokens()[key]
 
     def go(self, run: Run, step_id: str) -> None:
         """Drive ``run`` from ``step_id`` (after the runs already pending)."""
@@ -276,7 +299,7 @@ class Drive:
 
     def siblings(self, fork_key: str) -> list[Token]:
         """Every branch token of the fork ``fork_key``, as it stands now in this drive."""
-        return [t for t in self.tokens.values() if t.fork_key == fork_key]
+        return [t for t in self.all_tokens().values() if t.fork_key == fork_key]
 
     def supersede(self, tokens: list[Token]) -> None:
         """Supersede live branch tokens (and, through their keys, every nested branch)."""
@@ -285,7 +308,7 @@ class Drive:
             if key in self.superseded or not self._live(token):
                 continue
             self.superseded.add(key)
-            nested = [t for t in self.tokens.values() if t.parent_id == key]
+            nested = [t for t in self.all_tokens().values() if t.parent_id == key]
             self.supersede(nested)
 
     def _live(self, token: Token) -> bool:
@@ -313,8 +336,8 @@ class Drive:
         """
         parts = [f"{token.fork_step}/{token.branch_id}"]
         parent = token.parent_id
-        while parent is not None and parent in self.tokens:
-            outer = self.tokens[parent]
+        while parent is not None:
+            outer = self.token(parent)
             parts.append(f"{outer.fork_step}/{outer.branch_id}")
             parent = outer.parent_id
         return " > ".join(reversed(parts))

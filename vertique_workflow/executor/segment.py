@@ -440,7 +440,7 @@ def _segment(
     if command.kind == "RETRY" and not (command.target or {}).get("branchId"):
         return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None
     event, bound = _event(command)
-    snapshot = _snapshot(plan, row)
+    snapshot = _snapshot(plan, row, event)
     with context.bound(bound):
         refusal = _refused_before_drive(plan, command, row, event)
         if refusal is not None:
@@ -509,19 +509,46 @@ def _event(command: Any) -> tuple[Event, dict[str, Any] | None]:
     raise WorkflowDefinitionError(f"command kind {command.kind!r} is not supported by this release")
 
 
-def _snapshot(plan: Plan, row: InstanceRow) -> Snapshot:
-    """The instance as the engine sees it; with its branch tokens and joins when it forks."""
+def _snapshot(plan: Plan, row: InstanceRow, event: Event | None = None) -> Snapshot:
+    """The instance as the engine sees it; with its joins and branch tokens when it forks.
+
+    Tokens are read as the event needs them: an event for one branch reads
+    that branch's tokens (and those enclosing it), any other event none, and
+    the drive reads every token only when it needs them (``more_branches``).
+    """
     if not plan.fork_of_join:
         return Snapshot(row.status, row.current_step_id, row.state_json)
-    tokens = tuple(
-        Token(t.id, t.fork_step_id, t.branch_id, t.status, t.current_step_id, t.state, t.item)
-        for t in branch_store.for_instance(row.id)
-    )
     joins = {
         j.join_key: JoinView(j.join_key, j.fork_key, j.expected, tuple(j.arrived), j.decided)
         for j in join_store.for_instance(row.id)
     }
-    return Snapshot(row.status, row.current_step_id, row.state_json, tokens, joins)
+    address = _branch_address(event)
+    preloaded = () if address is None else _tokens(branch_store.addressed(row.id, **address))
+    return Snapshot(
+        row.status,
+        row.current_step_id,
+        row.state_json,
+        preloaded,
+        joins,
+        more_branches=lambda: _tokens(branch_store.for_instance(row.id)),
+    )
+
+
+def _branch_address(event: Event | None) -> dict[str, Any] | None:
+    """How the store finds the tokens ``event`` is for (None: no branch in particular)."""
+    if isinstance(event, Signal) and event.branch is not None:
+        return {"fork_step_id": event.branch[0], "branch_id": event.branch[1]}
+    if isinstance(event, BranchRetry):
+        return {"fork_step_id": event.fork_step_id, "branch_id": event.branch_id}
+    token_id = getattr(event, "branch_token_id", None)
+    return None if token_id is None else {"token_id": token_id}
+
+
+def _tokens(rows: Any) -> tuple[Token, ...]:
+    return tuple(
+        Token(t.id, t.fork_step_id, t.branch_id, t.status, t.current_step_id, t.state, t.item)
+        for t in rows
+    )
 
 
 def _refused_before_drive(

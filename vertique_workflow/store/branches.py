@@ -147,6 +147,29 @@ WHERE workflow_id = %(wf)s AND (NOT %(live)s OR status IN {LIVE_STATUSES!r})
 ORDER BY fork_step_id, created_at, id
 """
 
+# The tokens one event is for -- by token id, or by branch id within a fork
+# step (its plain key, or "<step>@<parent token id>" for a nested fork) --
+# and the tokens of the branches enclosing them (a nested fork's key names
+# its parent), so a branch's segment reads a few rows, not every branch.
+ADDRESSED = f"""
+WITH RECURSIVE hit AS (
+    SELECT b.* FROM {T["branch_tokens"]} b
+    WHERE b.workflow_id = %(wf)s
+      AND (b.id = %(token)s::uuid
+           OR (b.branch_id = %(branch)s::text
+               AND (b.fork_step_id = %(fork)s::text
+                    OR (length(b.fork_step_id) = length(%(fork)s::text) + 37
+                        AND left(b.fork_step_id, length(%(fork)s::text) + 1)
+                            = %(fork)s::text || '@'))))
+    UNION
+    SELECT p.* FROM {T["branch_tokens"]} p JOIN hit
+      ON p.id = CASE WHEN hit.fork_step_id ~ '@[0-9a-f-]{{36}}$'
+                     THEN right(hit.fork_step_id, 36)::uuid END
+    WHERE p.workflow_id = %(wf)s
+)
+SELECT {_COLUMNS} FROM hit ORDER BY fork_step_id, created_at, id
+"""
+
 SELECT = f"SELECT {_COLUMNS} FROM {T['branch_tokens']} WHERE id = %s"
 SELECT_FOR_UPDATE = SELECT + " FOR UPDATE"
 
@@ -253,6 +276,27 @@ def for_instance(
     """
     params = {"wf": workflow_id, "live": live_only, "fork": fork_key}
     return [_row(r) for r in db.fetchall(FOR_INSTANCE, params)]
+
+
+def addressed(
+    workflow_id: Any,
+    *,
+    token_id: Any = None,
+    fork_step_id: str | None = None,
+    branch_id: str | None = None,
+) -> list[BranchRow]:
+    """The tokens an event addresses (by id, or by fork step and branch id) and their parents.
+
+    Ordered as :func:`for_instance` orders them. No lock: the segment holds
+    the execution lock.
+    """
+    params = {
+        "wf": workflow_id,
+        "token": None if token_id is None else str(uuid.UUID(str(token_id))),
+        "fork": fork_step_id,
+        "branch": branch_id,
+    }
+    return [_row(r) for r in db.fetchall(ADDRESSED, params)]
 
 
 def get(token_id: Any, *, lock: bool = False) -> BranchRow | None:

@@ -61,25 +61,30 @@ def results(drive: Any, progress: Any) -> dict[str, BranchResult]:
     """The ended branches of a join, by branch id, with their states."""
     found: dict[str, BranchResult] = {}
     for arrival in progress.arrived:
-        token = drive.tokens[arrival["tokenId"]]
+        token = drive.token(arrival["tokenId"])
         run = drive.runs.get(arrival["tokenId"])
         state = run.state if run is not None else drive.plan.state_from_json(token.state)
-        found[arrival["branchId"]] = BranchResult(arrival["status"], state, arrival.get("error"))
+        error = arrival.get("error")  # a stored failure text: its reason code
+        code = error.split(":", 1)[0] if error else None
+        found[arrival["branchId"]] = BranchResult(arrival["status"], state, code)
     return found
 
 
 def decide(drive: Any, step: Step, join_key: str, fork_key: str, parent_key: str | None) -> None:
     """Ask the join's policy; when it has decided, move the forking token on."""
     progress = drive.progress(join_key)
-    ended = results(drive, progress)
-    outcome = join_outcome(step, progress.expected, ended)
+    statuses = {  # the policy counts statuses: the branches' states are read once it decided
+        a["branchId"]: BranchResult(a["status"], None, a.get("error")) for a in progress.arrived
+    }
+    outcome = join_outcome(step, progress.expected, statuses)
     if outcome == "WAIT":
         return
+    ended = results(drive, progress)
     progress.decided = True
     drive.effects.append(DecideJoin(join_key))
     arrived = {a["tokenId"] for a in progress.arrived}
     drive.supersede([t for t in drive.siblings(fork_key) if str(t.id) not in arrived])
-    parent = drive.main_run() if parent_key is None else drive.token_run(drive.tokens[parent_key])
+    parent = drive.main_run() if parent_key is None else drive.token_run(drive.token(parent_key))
     spec = step.join
     assert spec is not None
     completed = sorted(b for b, r in ended.items() if r.status == "COMPLETED")
