@@ -136,6 +136,11 @@ DEFAULTS: dict[str, Default] = {
         30, "How long running segments may finish on SIGTERM.", minimum=0
     ),
     "NODE_ID": Default(None, "Executor node id; None = <hostname>:<pid>."),
+    "DOCUMENT_INPUT_LIMIT": Default(
+        262144,
+        "Largest workflow document accepted, raw UTF-8 bytes (checked before parsing).",
+        minimum=1,
+    ),
 }
 
 

@@ -111,6 +111,7 @@ def validate(plan: Plan) -> None:
     _check_fork_joins(plan)
     _check_reachable(plan)
     _check_branch_paths(plan)
+    _check_cycles(plan)
 
 
 def _check_header(plan: Plan) -> None:
@@ -617,3 +618,53 @@ def _check_branch_paths(plan: Plan) -> None:
                     f"{label} of fork {fork.id!r} can stand at step {stuck[0]!r}, "
                     f"from which its join {join!r} is never reached",
                 )
+
+
+# Steps a token passes through within one segment; every other kind stops the
+# token (wait, timer, task, fork, join, call) or ends it (end, fail).
+_PASS_THROUGH = frozenset({"action", "decision"})
+
+
+def _check_cycles(plan: Plan) -> None:
+    """No cycle of actions and decisions only: a loop must pass a step that waits.
+
+    A token in such a cycle would run step after step in one segment and
+    never stop (the engine fails the segment after ``MAX_STEPS_PER_SEGMENT``
+    steps). A loop through a wait, a timer, a task, a fork or a call is
+    fine: each of those ends the segment. Checked by depth-first search in
+    declaration order, so the same plan always reports the same cycle.
+    """
+    edges = {
+        step.id: [target for _, target in _transitions(step) if target in plan.steps]
+        for step in plan.steps.values()
+        if step.kind in _PASS_THROUGH
+    }
+    done: set[str] = set()
+    for first in edges:
+        if first in done:
+            continue
+        path: list[str] = [first]
+        on_path = {first}
+        stack = [iter(edges[first])]
+        while stack:
+            target = next(stack[-1], None)
+            if target is None:
+                stack.pop()
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+                continue
+            if target in on_path:
+                cycle = [*path[path.index(target) :], target]
+                shown = " -> ".join(repr(step_id) for step_id in cycle)
+                _fail(
+                    plan,
+                    target,
+                    f"steps {shown} form a cycle without a wait: a token entering it would "
+                    "never stop; let a wait, timer, task, fork or call break the loop",
+                )
+            if target in done or target not in edges:
+                continue
+            path.append(target)
+            on_path.add(target)
+            stack.append(iter(edges[target]))

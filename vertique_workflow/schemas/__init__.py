@@ -1,0 +1,1 @@
+"""Data files shipped with the package: the JSON Schema of workflow documents."""
