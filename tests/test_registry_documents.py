@@ -1021,3 +1021,88 @@ def test_restore_fails_the_startup_for_an_oversized_stored_document(docs):
     document_plans._reset()
     with pytest.raises(DocumentTooLarge):
         registry.restore_documents()
+
+
+# --------------------------------------------------------------------------
+# Real documents (the compiler of vertique_workflow.definitions.documents)
+# --------------------------------------------------------------------------
+
+
+def real_document(definition_id: str, version: int) -> str:
+    """DocFlow (v1) or DocFlowV2 (v2) of this module, written as a YAML document."""
+    cls = "DocFlow" if version == 1 else "DocFlowV2"
+    return (
+        f"id: {definition_id}\n"
+        f"version: {version}\n"
+        "contract: doc-flow.v1\n"
+        "signals: {go: null}\n"
+        "start: begin\n"
+        "steps:\n"
+        "  begin:\n"
+        "    kind: action\n"
+        f"    callback: tests.test_registry_documents.{cls}.begin\n"
+        "    next: wait_go\n"
+        "  wait_go: {kind: wait, signals: [go], next: done}\n"
+        "  done: {kind: end}\n"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_document_version_from_load_to_retirement(tmp_path):
+    """Written as a document, published, activated for one scope, used by new starts
+    there while old instances finish on their pin, then deprecated and retired."""
+    definition_id = new_id()
+    document_plans._reset()
+    (tmp_path / "flow.yaml").write_text(real_document(definition_id, 1), encoding="utf-8")
+    assert registry.sync_document_definitions([tmp_path]) == {(definition_id, 1): "INSERTED"}
+    # the document hashes like its code twin
+    assert row(definition_id, 1).plan_hash == doc_plan(definition_id, 1).plan_hash
+    old_eu = start_in(definition_id, "eu", "old")
+
+    record = registry.load_document(
+        real_document(definition_id, 2), format="yml", scope="eu", source="eu.yaml"
+    )
+    assert (record.status, record.document_format) == ("CANDIDATE", "yaml")
+    registry.publish(definition_id, 2, scope="eu")
+    registry.activate(definition_id, 2, scope="eu")
+    new_eu = start_in(definition_id, "eu", "new")
+    assert (pin_of(old_eu), pin_of(new_eu)) == (("default", 1), ("eu", 2))
+
+    document_plans._reset()  # another node: both plans are rebuilt from their rows
+    run_until_idle()
+    for ref in (old_eu, new_eu):
+        wf.signal(ref.id, "go", {}, dedup_key=f"go-{ref.id}")
+    run_until_idle()
+    assert [wf.get(ref.id).state["ran"] for ref in (old_eu, new_eu)] == ["v1", "v2"]
+    assert {wf.get(ref.id).status for ref in (old_eu, new_eu)} == {"COMPLETED"}
+
+    registry.deactivate(definition_id, scope="eu")
+    registry.deprecate(definition_id, 2, scope="eu")
+    registry.retire(definition_id, 2, scope="eu")
+    assert row(definition_id, 2, "eu").status == "RETIRED"
+    # eu follows the default scope again
+    assert pin_of(start_in(definition_id, "eu", "after")) == ("default", 1)
+
+
+@pytest.mark.django_db
+def test_a_bad_real_document_writes_nothing():
+    from vertique_workflow.definitions.documents import DocumentError
+
+    text = real_document(new_id(), 1).replace("kind: action", "kind: action\n    bogus: 1")
+    with pytest.raises(DocumentError) as refused:
+        registry.load_document(text, format="yaml", scope="eu")
+    assert refused.value.line is not None
+    assert not WorkflowDefinition.objects.filter(scope_key="eu").exists()
+
+
+@pytest.mark.django_db
+def test_the_envelope_follows_the_input_limit_setting():
+    definition_id = new_id()
+    documents.insert_candidate("eu", FakePlan(definition_id, 1), "0123456789", "yaml")
+    options = {**settings.VERTIQUE_WORKFLOW, "DOCUMENT_INPUT_LIMIT": 8}
+    with override_settings(VERTIQUE_WORKFLOW=options):
+        assert documents.envelope() == (12, 8)
+        with pytest.raises(DocumentTooLarge, match="DOCUMENT_INPUT_LIMIT 8") as refused:
+            documents.find_document("eu", definition_id, 1)
+    assert (refused.value.byte_length, refused.value.char_length) == (10, 10)
+    assert documents.find_document("eu", definition_id, 1).text == "0123456789"

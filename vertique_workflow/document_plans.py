@@ -24,7 +24,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from .exceptions import DocumentDrift, WorkflowDefinitionError, WorkflowError
+from .exceptions import DocumentDrift, WorkflowError
 from .store import documents as store
 
 if TYPE_CHECKING:
@@ -53,12 +53,7 @@ _logged: set[tuple[Pin, str]] = set()
 
 def compile_text(text: str, *, document_format: str, source: str | None = None) -> Plan:
     """Compile a document with this node's catalogs (the document compiler)."""
-    try:
-        from .definitions.documents import compile_document
-    except ImportError:  # pragma: no cover - a build without the document compiler
-        raise WorkflowDefinitionError(
-            "this node has no document compiler (vertique_workflow.definitions.documents)"
-        ) from None
+    from .definitions.documents import compile_document
 
     plan: Plan = compile_document(text, format=document_format, source=source)
     return plan

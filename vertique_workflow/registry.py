@@ -305,8 +305,11 @@ def load_document(
     rules, the default-scope contract rule) also write nothing. ``source``
     is attribution only (a file name, a URL it came from), never fetched.
     """
+    from .definitions.documents import DOCUMENT_FORMATS
+
     plan = document_plans.compile_text(text, document_format=format, source=source)
-    return document_store.insert_candidate(scope, plan, text, format, source)
+    canonical = DOCUMENT_FORMATS[str(format).lower()]  # the compiler accepted it
+    return document_store.insert_candidate(scope, plan, text, canonical, source)
 
 
 def publish(definition_id: str, version: int, scope: str = DEFAULT_SCOPE) -> DefinitionRecord:

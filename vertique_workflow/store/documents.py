@@ -64,7 +64,6 @@ from .definitions import (
 )
 
 __all__ = [
-    "DEFAULT_INPUT_LIMIT",
     "FORMATS",
     "StoredDocument",
     "claim_publication",
@@ -85,9 +84,6 @@ T = tables.sql_names()
 FORMATS = ("yaml", "json")
 DocumentFormat = Literal["yaml", "json"]
 DocumentOutcome = Literal["INSERTED", "UNCHANGED"]
-
-# the reference's default raw input limit L (bytes); DOCUMENT_INPUT_LIMIT overrides it
-DEFAULT_INPUT_LIMIT = 262144
 
 # --------------------------------------------------------------------------
 # Statements
@@ -176,12 +172,13 @@ class StoredDocument:
 
 
 def input_limit() -> int:
-    """The raw input limit L in bytes (``DOCUMENT_INPUT_LIMIT``, default 262144)."""
-    try:
-        value = workflow_settings.DOCUMENT_INPUT_LIMIT
-    except AttributeError:  # a release whose document compiler does not declare it
-        value = DEFAULT_INPUT_LIMIT
-    return int(value)
+    """The raw input limit L in bytes (``DOCUMENT_INPUT_LIMIT``, default 262144).
+
+    The compiler refuses a document over L bytes before parsing it; the
+    stored envelope derived from L (:func:`envelope`) bounds what a read may
+    transfer, whoever wrote the row.
+    """
+    return int(workflow_settings.DOCUMENT_INPUT_LIMIT)
 
 
 def envelope(limit: int | None = None) -> tuple[int, int]:
