@@ -333,7 +333,17 @@ def publish(definition_id: str, version: int, scope: str = DEFAULT_SCOPE) -> Def
             )
         return document_store.complete_publication(scope, definition_id, version, token)
     except BaseException:
-        document_store.release_publication(scope, definition_id, version, token)
+        try:
+            document_store.release_publication(scope, definition_id, version, token)
+        except WorkflowError as released:  # keep the publication's own error
+            logger.warning(
+                "workflow definition %s/%s v%s: releasing the publication claim failed (%s); "
+                "the claim goes stale after PUBLICATION_CLAIM_TIMEOUT_SECONDS",
+                scope,
+                definition_id,
+                version,
+                released,
+            )
         raise
 
 
