@@ -29,6 +29,7 @@ from vertique_workflow.definitions import (
     fail,
     parse_duration,
     register,
+    timer,
     wait,
 )
 from vertique_workflow.exceptions import (
@@ -911,3 +912,34 @@ def test_parse_duration_refuses_bad_text(text: Any) -> None:
 def test_parse_duration_refuses_overflow() -> None:
     with pytest.raises(WorkflowDefinitionError, match="too large"):
         parse_duration("999999999999d")
+
+
+def test_a_cycle_of_actions_and_decisions_without_a_wait_is_a_definition_error() -> None:
+    """A token in such a loop would never stop; a wait (or timer, task, fork, call) breaks it."""
+
+    class Spin(Workflow[dict]):
+        id, version, contract = "spin", 1, "spin.v1"
+
+        @action(start=True, next="again")
+        def work(self, state: dict, ctx: StepContext) -> dict:
+            return state
+
+        @decision(targets=["work", "done"])
+        def again(self, state: dict) -> str:
+            return "done"
+
+        done = end()
+
+    with pytest.raises(WorkflowDefinitionError, match=r"'work' -> 'again' -> 'work' form a cycle"):
+        Spin.plan()
+
+    class Paced(Spin):
+        id = "paced"
+
+        @decision(targets=["pause", "done"])
+        def again(self, state: dict) -> str:
+            return "done"
+
+        pause = timer("1m", next="work")
+
+    assert Paced.plan().steps["pause"].kind == "timer"
