@@ -106,10 +106,12 @@ def waiting_at_first(count: int = 1) -> list[Any]:
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.django_db
 def test_resident_plan_resolves_by_scope_id_and_version_not_by_hash():
     plan = catalog.get("order", 1)
     assert resident_plan("order", 1) is plan
-    assert resident_plan("order", 1, scope="tenant") is None  # code plans are default-scope
+    # code plans are default-scope; another scope's pin needs a DOCUMENT row (none here)
+    assert resident_plan("order", 1, scope="tenant") is None
     assert resident_plan("order", 2) is None
 
 

@@ -81,7 +81,7 @@ def _signal_names(definition_id: str) -> Any:
 
 def _without_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Record as a node that holds no plan for the pin."""
-    monkeypatch.setattr(pins, "exact_plan", lambda *args: None)
+    monkeypatch.setattr(pins, "exact_plan", lambda *args, **kwargs: None)
 
 
 # -- item 1: the start context on the instance ------------------------------

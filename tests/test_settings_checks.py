@@ -121,6 +121,7 @@ BAD_INTEGERS = [
     ("EXECUTOR_CONCURRENCY", 0, "is 0", "from 1 to 2147483647"),
     ("SHUTDOWN_GRACE_SECONDS", -1, "is -1", "from 0 to 2147483647"),
     ("SHUTDOWN_GRACE_SECONDS", 2.5, "is a float, not an int", "from 0 to 2147483647"),
+    ("PUBLICATION_CLAIM_TIMEOUT_SECONDS", 0, "is 0", "from 1 to 2147483647"),
     ("DOCUMENT_INPUT_LIMIT", 0, "is 0", "from 1 to 2147483647"),
 ]
 

@@ -51,6 +51,8 @@ _EXPORTS = {
     "RegistryRefusal": "exceptions",
     "DefinitionUnavailable": "exceptions",
     "DefinitionNotFound": "exceptions",
+    "DocumentDrift": "exceptions",
+    "DocumentTooLarge": "exceptions",
     "user_message": "exceptions",
     "Workflow": "definitions",
     "action": "definitions",

@@ -81,6 +81,18 @@ DEFAULTS: dict[str, Default] = {
     "DEFINITION_LOCK_TIMEOUT_MS": Default(
         30000, "lock_timeout for registry mutations.", minimum=1, note=NO_TIMEOUT
     ),
+    "PUBLICATION_CLAIM_TIMEOUT_SECONDS": Default(
+        60,
+        "Age at which a publication claim (a PUBLISHING row) is stale and may be claimed again.",
+        minimum=1,
+        note="0 would make every claim stale at once: two publishers could run together.",
+    ),
+    "DOCUMENT_DIRS": Default(
+        (), "Folders whose *.yaml, *.yml and *.json definition documents startup records."
+    ),
+    "ACTIVATE_ON_DEPLOY": Default(
+        True, "Startup activates a newly recorded version (code or packaged document)."
+    ),
     "POLL_INTERVAL_MS": Default(
         1000, "Executor fallback poll interval (and listener retry).", minimum=1
     ),

@@ -16,6 +16,8 @@ __all__ = [
     "ContractMismatch",
     "DefinitionNotFound",
     "DefinitionUnavailable",
+    "DocumentDrift",
+    "DocumentTooLarge",
     "NonRetryable",
     "RegistryRefusal",
     "WorkflowConflict",
@@ -84,6 +86,44 @@ class ContractMismatch(WorkflowDefinitionError):
     """
 
     reason_code: ClassVar[str] = "CONTRACT_MISMATCH"
+
+
+class DocumentDrift(WorkflowDefinitionError):
+    """A stored DOCUMENT row's text no longer matches what was recorded with it.
+
+    Either its SHA-256 differs from the row's ``document_digest`` (the text
+    was altered in the table: it is never returned), or a packaged document
+    with the row's plan hash has another text. The message names the key,
+    never the text.
+    """
+
+    reason_code: ClassVar[str] = "DOCUMENT_DRIFT"
+
+
+class DocumentTooLarge(WorkflowDefinitionError):
+    """A stored document is outside the size envelope of ``DOCUMENT_INPUT_LIMIT``.
+
+    Its body was not transferred: ``byte_length`` and ``char_length`` are the
+    row's counts, ``limit`` the configured input limit L (the envelope is
+    ``floor(3L/2)`` UTF-8 bytes and L code points). The row exists: this is
+    never "not found".
+    """
+
+    reason_code: ClassVar[str] = "DOCUMENT_TOO_LARGE"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        definition_id: str | None = None,
+        byte_length: int = 0,
+        char_length: int = 0,
+        limit: int = 0,
+    ) -> None:
+        super().__init__(message, definition_id=definition_id)
+        self.byte_length = byte_length
+        self.char_length = char_length
+        self.limit = limit
 
 
 class WorkflowPersistenceError(WorkflowError):

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from . import document_plans
 from .definitions import Plan, catalog
 from .exceptions import WorkflowNotFound, WorkflowValidationError
 from .payloads import check_schema
@@ -25,34 +26,47 @@ DEFAULT_SCOPE = "default"
 def resident_plan(definition_id: str, version: int, *, scope: str = DEFAULT_SCOPE) -> Plan | None:
     """The plan this node runs an instance pinned to ``(scope, definition_id, version)``.
 
-    Resolution is by the pin's scope, id and version, as in the reference: the
-    code plan of that id and version, whatever its hash. A plan rehashed in
-    place (``REHASHED``: callback names, schemas, added steps) therefore still
-    runs the instances started before the change; an instance whose step the
-    plan lost fails with ``STEP_NOT_IN_PLAN`` when the engine reaches it
-    (see docs/changing-workflows.md) instead of being deferred forever. Code
-    plans live in the default scope only: a pin of another scope (a DOCUMENT
-    row) has no resident plan on this node.
+    Resolution is by the pin's scope, id and version, as in the reference.
+    In the default scope the code plan of that id and version comes first,
+    whatever its hash: a plan rehashed in place (``REHASHED``: callback
+    names, schemas, added steps) therefore still runs the instances started
+    before the change; an instance whose step the plan lost fails with
+    ``STEP_NOT_IN_PLAN`` when the engine reaches it (see
+    docs/changing-workflows.md) instead of being deferred forever.
+
+    Otherwise -- any other scope, or a default-scope version no code plan
+    has -- the pin's DOCUMENT row is compiled on first use and cached
+    (:mod:`vertique_workflow.document_plans`). None when the node has no
+    plan: no row, a CODE row without code here, or a document that cannot
+    be rebuilt here (drift, oversize, a compile error; logged once). The
+    executor defers such commands.
     """
-    if scope != DEFAULT_SCOPE:
-        return None
-    plan = catalog.get(definition_id, version)
-    if plan is not None:
-        fill_schemas_once(plan)
-    return plan
+    if scope == DEFAULT_SCOPE:
+        plan = catalog.get(definition_id, version)
+        if plan is not None:
+            fill_schemas_once(plan)
+            return plan
+    return document_plans.resident(scope, definition_id, version)
 
 
-def exact_plan(definition_id: str, version: int, plan_hash: str) -> Plan | None:
-    """The node's plan of ``(definition_id, version)`` only when its hash is ``plan_hash``.
+def exact_plan(
+    definition_id: str, version: int, plan_hash: str, *, scope: str = DEFAULT_SCOPE
+) -> Plan | None:
+    """The node's plan of ``(scope, definition_id, version)`` only when its hash is ``plan_hash``.
 
     For record-side validation: a node whose code differs from the registry
-    row validates with the row's recorded schemas instead of its own.
+    row validates with the row's recorded schemas instead of its own. A
+    document pin's plan is compiled from its row on first use, like
+    :func:`resident_plan`.
     """
-    plan = catalog.get(definition_id, version)
-    if plan is None or plan.plan_hash != plan_hash:
-        return None
-    fill_schemas_once(plan)
-    return plan
+    if scope == DEFAULT_SCOPE:
+        plan = catalog.get(definition_id, version)
+        if plan is not None:
+            if plan.plan_hash != plan_hash:
+                return None
+            fill_schemas_once(plan)
+            return plan
+    return document_plans.resident(scope, definition_id, version, plan_hash)
 
 
 _filled: set[tuple[str, str, int, str]] = set()
@@ -125,7 +139,7 @@ def resolve_start_pin(definition_id: str, scope: str, version: int | None) -> Pi
         definition_id,
         row.version,
         row.plan_hash,
-        exact_plan(definition_id, row.version, row.plan_hash),
+        exact_plan(definition_id, row.version, row.plan_hash, scope=row.scope_key),
         row.start_schema,
     )
 
@@ -165,7 +179,12 @@ def signal_schema_source(row: InstanceRow) -> SignalSchemas:
     catalog before an executor recorded the definition) the resident plan's
     declaration stands in, as it did for the start itself.
     """
-    plan = exact_plan(row.definition_id, row.definition_version, row.plan_hash)
+    plan = exact_plan(
+        row.definition_id,
+        row.definition_version,
+        row.plan_hash,
+        scope=row.definition_scope_key,
+    )
     found, declared = registry.signal_declaration(
         row.definition_scope_key, row.definition_id, row.definition_version
     )

@@ -1,14 +1,22 @@
 """The definition registry bootstrap and lifecycle.
 
 At startup an executing node records every code-first workflow of its
-catalog as a CODE row of the default scope (:func:`sync_code_definitions`,
-run once per process by :func:`ensure_synced`). A record-only node
-(``VERTIQUE_WORKFLOW["EXECUTOR_ENABLED"] = False``) writes no row.
+catalog as a CODE row of the default scope (:func:`sync_code_definitions`)
+and every packaged document of ``DOCUMENT_DIRS`` as an AVAILABLE DOCUMENT
+row of the default scope (:func:`sync_document_definitions`), then compiles
+the stored documents of every scope it may have to run
+(:func:`restore_documents`); :func:`ensure_synced` runs the three once per
+process. A record-only node (``VERTIQUE_WORKFLOW["EXECUTOR_ENABLED"] =
+False``) writes no row.
 
+At runtime :func:`load_document` writes a document as a CANDIDATE and
+:func:`publish` makes it AVAILABLE through the fenced publication claim.
 The lifecycle functions (:func:`deprecate`, :func:`reinstate`,
 :func:`retire`, :func:`activate`, :func:`deactivate`) are what the
-``workflow_definitions`` management command and the admin call; the SQL and
-the guards live in :mod:`vertique_workflow.store.definitions`.
+``workflow_definitions`` management command and the admin call, for CODE
+and DOCUMENT rows alike; the SQL and the guards live in
+:mod:`vertique_workflow.store.definitions` and
+:mod:`vertique_workflow.store.documents`.
 """
 
 from __future__ import annotations
@@ -17,12 +25,20 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from . import document_plans
 from .conf import workflow_settings
-from .exceptions import WorkflowDefinitionError, WorkflowNotFound
+from .exceptions import (
+    DocumentTooLarge,
+    WorkflowDefinitionError,
+    WorkflowError,
+    WorkflowNotFound,
+)
 from .store import definitions as store
-from .store.definitions import DEFAULT_SCOPE, PlanLike, UpsertOutcome
+from .store import documents as document_store
+from .store.definitions import DEFAULT_SCOPE, DefinitionRecord, PlanLike, UpsertOutcome
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -35,18 +51,27 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "DOCUMENT_SUFFIXES",
     "Stranded",
     "activate",
     "check_name_bindings",
     "deactivate",
     "deprecate",
     "ensure_synced",
+    "load_document",
+    "packaged_documents",
+    "publish",
     "reinstate",
+    "restore_documents",
     "retire",
     "stranded_instances",
     "stranded_summary",
     "sync_code_definitions",
+    "sync_document_definitions",
 ]
+
+# packaged document files by suffix, and the format each is compiled as
+DOCUMENT_SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 
 logger = logging.getLogger("vertique_workflow.registry")
 
@@ -55,7 +80,7 @@ _synced = False
 
 
 def sync_code_definitions(
-    plans: Iterable[PlanLike] | None = None, *, activate_default: bool = True
+    plans: Iterable[PlanLike] | None = None, *, activate_default: bool | None = None
 ) -> dict[tuple[str, int], UpsertOutcome]:
     """Record every code plan as a CODE row; return ``{(id, version): outcome}``.
 
@@ -68,7 +93,13 @@ def sync_code_definitions(
     First, before any write, :func:`check_name_bindings`: a class that a
     non-retired version binds by name and that moved fails the sync (and so
     the executor's startup) with :class:`WorkflowDefinitionError`.
+
+    ``activate_default`` (default: the ``ACTIVATE_ON_DEPLOY`` setting) makes
+    an INSERTED version the default scope's current one when it is the
+    highest; set it False for a rolling deploy and activate later.
     """
+    if activate_default is None:
+        activate_default = bool(workflow_settings.ACTIVATE_ON_DEPLOY)
     if plans is None:
         # AppConfig.ready() already imported every app's workflows.py
         from .definitions import catalog
@@ -118,13 +149,15 @@ def check_name_bindings() -> None:
             )
 
 
-def ensure_synced() -> dict[tuple[str, int], UpsertOutcome] | None:
-    """Run :func:`sync_code_definitions` once per process (thread-safe).
+def ensure_synced() -> dict[tuple[str, int], str] | None:
+    """Run the startup sync once per process (thread-safe).
 
-    Returns the outcomes when this call ran the sync, None when it had
-    already run or when this node records only (``EXECUTOR_ENABLED`` False:
-    a record-only node writes no CODE rows). A failed sync is not remembered,
-    so the next call tries again.
+    :func:`sync_code_definitions`, then :func:`sync_document_definitions`
+    (the packaged documents of ``DOCUMENT_DIRS``), then
+    :func:`restore_documents`. Returns the outcomes of both syncs when this
+    call ran them, None when they had already run or when this node records
+    only (``EXECUTOR_ENABLED`` False: a record-only node writes no rows). A
+    failed sync is not remembered, so the next call tries again.
     """
     global _synced
     if not workflow_settings.EXECUTOR_ENABLED or _synced:
@@ -132,7 +165,9 @@ def ensure_synced() -> dict[tuple[str, int], UpsertOutcome] | None:
     with _sync_lock:
         if _synced:
             return None
-        outcomes = sync_code_definitions()
+        outcomes: dict[tuple[str, int], str] = dict(sync_code_definitions())
+        outcomes.update(sync_document_definitions())
+        restore_documents()
         _synced = True
         return outcomes
 
@@ -142,6 +177,174 @@ def _reset_sync_state() -> None:
     global _synced
     with _sync_lock:
         _synced = False
+
+
+# --------------------------------------------------------------------------
+# Documents: packaged (startup), loaded and published (runtime), restored
+# --------------------------------------------------------------------------
+
+
+def packaged_documents(dirs: Iterable[str | Path] | None = None) -> list[Path]:
+    """The document files of ``dirs`` (default ``DOCUMENT_DIRS``), by folder then name.
+
+    Only the top level of each folder is read; files whose suffix is not
+    ``.yaml``, ``.yml`` or ``.json`` are ignored. A configured folder that
+    does not exist is a :class:`WorkflowDefinitionError` (a typo would
+    otherwise silently ship no definitions).
+    """
+    folders = list(workflow_settings.DOCUMENT_DIRS if dirs is None else dirs)
+    found: list[Path] = []
+    for folder in folders:
+        path = Path(folder)
+        if not path.is_dir():
+            raise WorkflowDefinitionError(f"DOCUMENT_DIRS names {str(path)!r}, not a folder")
+        found.extend(
+            sorted(
+                entry
+                for entry in path.iterdir()
+                if entry.is_file() and entry.suffix.lower() in DOCUMENT_SUFFIXES
+            )
+        )
+    return found
+
+
+def _read_document(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WorkflowDefinitionError(
+            f"definition document {str(path)!r} is not UTF-8 (byte {exc.start})"
+        ) from None
+
+
+def sync_document_definitions(
+    dirs: Iterable[str | Path] | None = None, *, activate_default: bool | None = None
+) -> dict[tuple[str, int], str]:
+    """Record every packaged document as an AVAILABLE DOCUMENT row of the default scope.
+
+    Each file of :func:`packaged_documents` is compiled first (a bad file
+    raises the compiler's error naming its path and line, and writes
+    nothing), then recorded by
+    :func:`vertique_workflow.store.documents.upsert_document` in its own
+    transaction: ``INSERTED`` (and, with ``activate_default``, default:
+    ``ACTIVATE_ON_DEPLOY``, the default activation when it is the highest
+    version), ``UNCHANGED``, or a refusal (drift: the same plan hash with
+    another text; another plan hash under the version; a CODE row) that
+    stops the sync. The compiled plan is registered on this node. Logs one
+    INFO line per document; returns ``{(id, version): outcome}``.
+    """
+    if activate_default is None:
+        activate_default = bool(workflow_settings.ACTIVATE_ON_DEPLOY)
+    outcomes: dict[tuple[str, int], str] = {}
+    for path in packaged_documents(dirs):
+        document_format = DOCUMENT_SUFFIXES[path.suffix.lower()]
+        text = _read_document(path)
+        plan = document_plans.compile_text(text, document_format=document_format, source=str(path))
+        outcome = document_store.upsert_document(
+            DEFAULT_SCOPE,
+            plan,
+            text,
+            document_format,
+            str(path),
+            activate_default=activate_default,
+        )
+        document_plans.register(DEFAULT_SCOPE, plan)
+        outcomes[(plan.id, int(plan.version))] = outcome
+        logger.info(
+            "workflow document %s version %s hash %s (%s): %s",
+            plan.id,
+            plan.version,
+            plan.plan_hash[:12],
+            path.name,
+            outcome,
+        )
+    return outcomes
+
+
+def restore_documents() -> list[tuple[str, str, int]]:
+    """Compile the AVAILABLE and DEPRECATED documents of every scope on this node.
+
+    What the executor may have to run is ready before its first claim, and
+    a stored document that cannot be rebuilt shows at startup. A row outside
+    the size envelope fails the startup (:class:`DocumentTooLarge`: the
+    configured ``DOCUMENT_INPUT_LIMIT`` is below a stored source); any other
+    failure (drift, a compile error, another plan hash here) is logged once
+    and leaves the pin without a plan here, so its commands are deferred.
+    Returns the pins restored.
+    """
+    restored: list[tuple[str, str, int]] = []
+    for record in store.list_definitions(statuses=("AVAILABLE", "DEPRECATED")):
+        if record.kind != "DOCUMENT":
+            continue
+        pin = (record.scope_key, record.definition_id, record.version)
+        try:
+            plan = document_plans.build(*pin)
+        except DocumentTooLarge:
+            raise
+        except WorkflowError as exc:
+            document_plans.log_failure(pin, exc)
+            continue
+        if plan is not None:
+            restored.append(pin)
+    return restored
+
+
+def load_document(
+    text: str,
+    *,
+    format: str,
+    scope: str = DEFAULT_SCOPE,
+    source: str | None = None,
+) -> DefinitionRecord:
+    """Compile a document and write it as a CANDIDATE of ``scope``; returns its record.
+
+    The compile comes first: a malformed or hostile document raises the
+    compiler's ``DocumentError`` (naming the path and line) and writes
+    nothing. The candidate is not startable until :func:`publish`; the
+    registry's refusals (an existing version, the contract and state-type
+    rules, the default-scope contract rule) also write nothing. ``source``
+    is attribution only (a file name, a URL it came from), never fetched.
+    """
+    from .definitions.documents import DOCUMENT_FORMATS
+
+    plan = document_plans.compile_text(text, document_format=format, source=source)
+    canonical = DOCUMENT_FORMATS[str(format).lower()]  # the compiler accepted it
+    return document_store.insert_candidate(scope, plan, text, canonical, source)
+
+
+def publish(definition_id: str, version: int, scope: str = DEFAULT_SCOPE) -> DefinitionRecord:
+    """CANDIDATE -> AVAILABLE: claim, compile and register here, complete.
+
+    The claim (a fresh ``publish_token``, status PUBLISHING) fences
+    concurrent publishers; this node then reads the stored text through the
+    guarded read (envelope, digest), compiles it with its own catalogs,
+    checks the plan hash against the row and registers the plan locally,
+    and completes the claim. Any failure releases the claim (the row is a
+    CANDIDATE again) and is raised; a claim that went stale and was taken by
+    another publisher meanwhile makes the completion fail
+    (``INVALID_TRANSITION``: obsolete claim) and its release a no-op.
+    """
+    token = document_store.claim_publication(scope, definition_id, version)
+    try:
+        plan = document_plans.build(scope, definition_id, version)
+        if plan is None:  # the claim saw the row; it cannot vanish under the id lock
+            raise WorkflowNotFound(
+                f"workflow definition {scope}/{definition_id} v{version} does not exist"
+            )
+        return document_store.complete_publication(scope, definition_id, version, token)
+    except BaseException:
+        try:
+            document_store.release_publication(scope, definition_id, version, token)
+        except WorkflowError as released:  # keep the publication's own error
+            logger.warning(
+                "workflow definition %s/%s v%s: releasing the publication claim failed (%s); "
+                "the claim goes stale after PUBLICATION_CLAIM_TIMEOUT_SECONDS",
+                scope,
+                definition_id,
+                version,
+                released,
+            )
+        raise
 
 
 # --------------------------------------------------------------------------
@@ -158,9 +361,10 @@ def deprecate(definition_id: str, version: int, scope: str = DEFAULT_SCOPE) -> N
 def reinstate(definition_id: str, version: int, scope: str = DEFAULT_SCOPE) -> None:
     """DEPRECATED or RETIRED -> AVAILABLE.
 
-    For a CODE row this node must hold the plan of that id and version with
-    the registered hash (an executable source), else
-    :class:`WorkflowDefinitionError` and nothing changes.
+    The row must have an executable source on this node with the registered
+    hash, else :class:`WorkflowDefinitionError` and nothing changes: for a
+    CODE row the code plan of that id and version, for a DOCUMENT row its
+    stored text, read through the guarded read and compiled here.
     """
     rows = store.list_definitions(scope=scope, definition_id=definition_id)
     row = next((r for r in rows if r.version == version), None)
@@ -181,6 +385,8 @@ def reinstate(definition_id: str, version: int, scope: str = DEFAULT_SCOPE) -> N
                 "code plan of that version with the registered plan hash",
                 definition_id=definition_id,
             )
+    elif row.kind == "DOCUMENT":
+        document_plans.build(scope, definition_id, version)
     from_status = row.status if row.status in ("DEPRECATED", "RETIRED") else "DEPRECATED"
     store.transition(scope, definition_id, version, from_status, "AVAILABLE")
 

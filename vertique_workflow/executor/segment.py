@@ -26,7 +26,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from .. import context, failures
+from .. import context, document_plans, failures
 from ..conf import workflow_settings
 from ..definitions import Plan, catalog
 from ..engine.decision_log import HistoryEntry
@@ -95,9 +95,12 @@ def resident_pins() -> list[tuple[str, str, int]]:
 
     By version, not by hash: a node runs the instances of every (id, version)
     it holds code for, including instances started under an earlier hash of
-    that version (see :func:`vertique_workflow.pins.resident_plan`).
+    that version (see :func:`vertique_workflow.pins.resident_plan`). Document
+    pins join once this process has compiled their plan (publication, the
+    startup restore, or a first command taken by the peek path).
     """
-    return [(DEFAULT_SCOPE, plan.id, plan.version) for plan in catalog.all()]
+    code = [(DEFAULT_SCOPE, plan.id, plan.version) for plan in catalog.all()]
+    return code + document_plans.resident_pins()
 
 
 def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Outcome | None:
@@ -115,8 +118,10 @@ def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Out
     if should_stop is not None and should_stop():
         commands.release(claim.command_id, claim.token)
         return Outcome("RELEASED", claim.command_id, claim.workflow_id, claim.kind)
-    # the claim admits resident pins only, and code plans are default-scope
-    plan = resident_plan(claimed.definition_id, claimed.definition_version)
+    # the claim admits resident pins only: code plans and compiled documents
+    plan = resident_plan(
+        claimed.definition_id, claimed.definition_version, scope=claimed.definition_scope_key
+    )
     return run_claimed(claim, plan, node_id)
 
 

@@ -131,7 +131,8 @@ FROM cand
 WHERE c.id = cand.id
   AND pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(cand.workflow_id::text))
 RETURNING c.id, c.workflow_id, c.seq, c.kind, c.claim_token, c.attempts,
-          (SELECT ARRAY[i.definition_id, i.definition_version::text, i.plan_hash]
+          (SELECT ARRAY[i.definition_id, i.definition_version::text, i.plan_hash,
+                        i.definition_scope_key]
            FROM {T["instances"]} i WHERE i.id = c.workflow_id)
 """
 
@@ -666,6 +667,7 @@ class ClaimedCommand:
     definition_id: str
     definition_version: int
     plan_hash: str
+    definition_scope_key: str = "default"
 
 
 def claim_next(
@@ -701,7 +703,7 @@ def claim_next(
     if row is None:
         return None
     cid, wf, seq, kind, token, attempts, pin = row
-    return ClaimedCommand(cid, wf, seq, kind, token, attempts, pin[0], int(pin[1]), pin[2])
+    return ClaimedCommand(cid, wf, seq, kind, token, attempts, pin[0], int(pin[1]), pin[2], pin[3])
 
 
 def _command_payload(

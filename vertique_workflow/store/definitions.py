@@ -130,7 +130,8 @@ LOCK_ID_SHARED = (
 
 LOCK_ROWS = f"""
 SELECT scope_key, definition_version, kind, status, contract_name, state_type_name, plan_hash,
-       (signal_names_json IS NULL AND start_schema_json IS NULL) AS schemas_missing
+       (signal_names_json IS NULL AND start_schema_json IS NULL) AS schemas_missing,
+       document_digest
 FROM {T["definitions"]}
 WHERE definition_id = %s
 ORDER BY scope_key, definition_version
@@ -462,6 +463,7 @@ class _LockedRow:
     state_type_name: str
     plan_hash: str
     schemas_missing: bool
+    document_digest: str | None = None
 
 
 def _key(scope_key: str, definition_id: str, version: int) -> str:
@@ -611,13 +613,20 @@ def _check_default_contract(
     definition_id: str,
     version: int,
     contract_name: str,
+    *,
+    counted: Collection[str] = RULED_STATUSES,
 ) -> None:
-    """A non-default scope with no other live version of the id must not name another
-    contract than the default scope's rows of the id (any status)."""
+    """A non-default scope with no other version of the id (in a ``counted`` status) must
+    not name another contract than the default scope's rows of the id (any status).
+
+    A reinstatement counts the live versions (``RULED_STATUSES``); a candidate
+    insert counts every row of the scope (the reference: "the scope holds no
+    row of the id").
+    """
     if scope_key == DEFAULT_SCOPE:
         return
     if any(
-        row.scope_key == scope_key and row.version != version and row.status in RULED_STATUSES
+        row.scope_key == scope_key and row.version != version and row.status in counted
         for row in rows
     ):
         return
