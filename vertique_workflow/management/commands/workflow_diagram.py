@@ -26,6 +26,10 @@ from ...pins import DEFAULT_SCOPE, resident_plan, resolve_start_pin
 class Command(BaseCommand):
     help = "Write the SVG diagram of a workflow definition (or of one instance) to stdout."
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # --version is the definition version here, not Django's own version flag
+        return super().create_parser(prog_name, subcommand, conflict_handler="resolve", **kwargs)
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("definition_id", metavar="ID", help="the workflow definition id")
         parser.add_argument(
