@@ -913,3 +913,7 @@ class EagerFailFlow(Workflow[dict]):
     joined = join(next="done", on_failed="gave_up")
     gave_up = fail(reason="GAVE_UP")
     done = end()
+
+
+# the how-to's shipment documents name callables registered there
+from . import shipping as _shipping  # noqa: E402, F401
