@@ -915,5 +915,5 @@ class EagerFailFlow(Workflow[dict]):
     done = end()
 
 
-# the how-to's shipment documents name callables registered there
-from . import shipping as _shipping  # noqa: E402, F401
+# the how-to's parcel documents name callables registered there
+from . import parcels as _parcels  # noqa: E402, F401
