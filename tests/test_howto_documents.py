@@ -132,6 +132,7 @@ def in_documents_folder(monkeypatch: pytest.MonkeyPatch) -> None:
     scope_rules._reset()
 
 
+@pytest.mark.slow  # 15 manage.py processes
 @pytest.mark.django_db(transaction=True)
 def test_the_command_line_walk(in_documents_folder: None) -> None:
     command_line, _ = walks()

@@ -27,7 +27,7 @@ V1 = "tests/documents/howto/parcel-v1.yaml"
 V2 = "tests/documents/howto/parcel-v2.yaml"
 T = tables.sql_names()
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def cli(*args: str, check: bool = True, **env: Any) -> subprocess.CompletedProcess[str]:
