@@ -47,8 +47,13 @@ def run_manage(
     schema: str | None = None,
     check: bool = True,
     extra_env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``django-admin <args>`` with the test settings against another database."""
+    """Run ``django-admin <args>`` with the test settings against another database.
+
+    ``cwd`` (default: the repository root) is where the process runs; elsewhere,
+    put the root on ``PYTHONPATH`` through ``extra_env``.
+    """
     env = dict(
         os.environ,
         DATABASE_URL=database_url(dbname),
@@ -57,7 +62,11 @@ def run_manage(
     )
     env.update(extra_env or {})
     result = subprocess.run(
-        [sys.executable, "-m", "django", *args], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "django", *args],
+        cwd=cwd or ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if check and result.returncode != 0:
         raise AssertionError(

@@ -497,3 +497,13 @@ def test_the_command_refuses_unknown_ids_versions_and_instances():
     out = StringIO()
     call_command("workflow_diagram", "order", "--version", "1", stdout=out)
     assert out.getvalue() == render_svg(flows.OrderFlow.plan())
+
+
+@db
+def test_instance_marks_costs_a_bounded_number_of_queries(django_assert_max_num_queries):
+    ref = wf.start("fan", {"items": list(range(30))}, idempotency_key="diagram-5")
+    run_until_idle()
+    with django_assert_max_num_queries(8):
+        _, marks = instance_marks(ref.id)
+    assert len(marks.branches) == 30
+    assert "work" in marks.visited

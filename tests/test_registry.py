@@ -856,6 +856,7 @@ def test_command_sync_and_list():
         "LIVE",
         "FAILED",
         "CONTRACT",
+        "FAILURE",
     ]
     assert lines[1].split() == [
         "default",
@@ -867,6 +868,7 @@ def test_command_sync_and_list():
         "0",
         "0",
         plan.contract,
+        "-",
     ]
     assert len(run("list", "--status", "RETIRED", "--id", "order").splitlines()) == 1
 

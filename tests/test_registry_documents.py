@@ -1106,3 +1106,36 @@ def test_the_envelope_follows_the_input_limit_setting():
             documents.find_document("eu", definition_id, 1)
     assert (refused.value.byte_length, refused.value.char_length) == (10, 10)
     assert documents.find_document("eu", definition_id, 1).text == "0123456789"
+
+
+# --------------------------------------------------------------------------
+# Loading the same text again
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_loading_the_same_text_again_is_unchanged_even_concurrently(docs):
+    from .conftest import in_threads, table_counts
+
+    plan = doc_plan(new_id(), 2)
+    text = docs.text(plan)
+    outcomes = in_threads(
+        *[lambda: registry.load_document_outcome(text, format="yaml", scope="eu")] * 2
+    )
+    assert sorted(outcome for _, outcome in outcomes) == ["INSERTED", "UNCHANGED"]
+    assert outcomes[0][0] == outcomes[1][0]  # the one stored record
+    before = table_counts()
+    registry.publish(plan.id, 2, scope="eu")
+    record, outcome = registry.load_document_outcome(text, format="yaml", scope="eu")
+    assert (record.status, outcome) == ("AVAILABLE", "UNCHANGED")
+    assert registry.load_document(text, format="yaml", scope="eu").status == "AVAILABLE"
+    assert table_counts() == before
+    # another text under the key (same plan here) stays refused, naming both digests
+    other = docs.text(plan, note=" edited")
+    with pytest.raises(
+        WorkflowConflict,
+        match=r"already exists \(DOCUMENT, AVAILABLE\) with "
+        r"another text \(stored digest [0-9a-f]{12}, this one [0-9a-f]{12}\)",
+    ):
+        registry.load_document(other, format="yaml", scope="eu")
+    assert table_counts() == before

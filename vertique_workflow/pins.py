@@ -13,9 +13,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import document_plans
+from . import document_plans, scope_rules
 from .definitions import Plan, catalog
-from .exceptions import WorkflowNotFound, WorkflowValidationError
+from .exceptions import DefinitionUnavailable, WorkflowNotFound, WorkflowValidationError
 from .payloads import check_schema
 from .store import definitions as registry
 from .store.instances import InstanceRow
@@ -134,6 +134,8 @@ def resolve_start_pin(definition_id: str, scope: str, version: int | None) -> Pi
             DEFAULT_SCOPE, definition_id, plan.version, plan.plan_hash, plan, plan.start_schema
         )
     row = registry.select_version(result, scope, version)
+    if row.scope_key != DEFAULT_SCOPE and row.kind == "DOCUMENT":
+        _refuse_failing_row(row)
     return Pin(
         row.scope_key,
         definition_id,
@@ -141,6 +143,22 @@ def resolve_start_pin(definition_id: str, scope: str, version: int | None) -> Pi
         row.plan_hash,
         exact_plan(definition_id, row.version, row.plan_hash, scope=row.scope_key),
         row.start_schema,
+    )
+
+
+def _refuse_failing_row(row: registry.DefinitionRow) -> None:
+    """Refuse a start of a scope's document row that this node's evaluation fails.
+
+    The verdict is this node's own (:func:`scope_rules.refusal`), never the
+    stored ``failure_reason``: a node whose code resolves the row starts it.
+    """
+    reason = scope_rules.refusal(row.scope_key, row.definition_id, row.version, row.plan_hash)
+    if reason is None:
+        return
+    raise DefinitionUnavailable(
+        f"workflow definition {row.scope_key}/{row.definition_id} v{row.version} cannot be "
+        f"started on this node: {reason} ({registry.FAILURE_DESCRIPTIONS[reason]})",
+        definition_id=row.definition_id,
     )
 
 

@@ -5,8 +5,9 @@ catalog as a CODE row of the default scope (:func:`sync_code_definitions`)
 and every packaged document of ``DOCUMENT_DIRS`` as an AVAILABLE DOCUMENT
 row of the default scope (:func:`sync_document_definitions`), then compiles
 the stored documents of every scope it may have to run
-(:func:`restore_documents`); :func:`ensure_synced` runs the three once per
-process. A record-only node (``VERTIQUE_WORKFLOW["EXECUTOR_ENABLED"] =
+(:func:`restore_documents`) and evaluates the document rows of the other
+scopes (:mod:`vertique_workflow.scope_rules`); :func:`ensure_synced` runs
+them once per process. A record-only node (``VERTIQUE_WORKFLOW["EXECUTOR_ENABLED"] =
 False``) writes no row.
 
 At runtime :func:`load_document` writes a document as a CANDIDATE and
@@ -39,6 +40,7 @@ from .exceptions import (
 from .store import definitions as store
 from .store import documents as document_store
 from .store.definitions import DEFAULT_SCOPE, DefinitionRecord, PlanLike, UpsertOutcome
+from .store.documents import DocumentOutcome
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -59,6 +61,7 @@ __all__ = [
     "deprecate",
     "ensure_synced",
     "load_document",
+    "load_document_outcome",
     "packaged_documents",
     "publish",
     "reinstate",
@@ -133,10 +136,18 @@ def check_name_bindings() -> None:
     :class:`WorkflowDefinitionError` naming the version and the recorded name.
     An entry bound to another (logical) name is not checked: its hash does
     not depend on where the class lives.
+
+    Only default-scope rows (CODE rows and packaged documents: what this
+    deployment ships) stop the startup. A DOCUMENT row of another scope,
+    loaded at runtime, is evaluated instead (``NAME_BINDING_UNRESOLVED``, see
+    :mod:`vertique_workflow.scope_rules`): marked, and refused for new
+    starts by the nodes that cannot resolve it.
     """
     from .definitions.plan import resolve_class_name
 
     for row in store.bound_names():
+        if row.scope_key != DEFAULT_SCOPE:
+            continue
         for binary, hashed in sorted(row.name_binding.items()):
             if binary != hashed or resolve_class_name(binary) is not None:
                 continue
@@ -154,7 +165,10 @@ def ensure_synced() -> dict[tuple[str, int], str] | None:
 
     :func:`sync_code_definitions`, then :func:`sync_document_definitions`
     (the packaged documents of ``DOCUMENT_DIRS``), then
-    :func:`restore_documents`. Returns the outcomes of both syncs when this
+    :func:`restore_documents`, then the evaluation of the other scopes'
+    document rows (:func:`vertique_workflow.scope_rules.evaluate_scope_rows`:
+    failure marks written or cleared, and the starts this node refuses).
+    Returns the outcomes of both syncs when this
     call ran them, None when they had already run or when this node records
     only (``EXECUTOR_ENABLED`` False: a record-only node writes no rows). A
     failed sync is not remembered, so the next call tries again.
@@ -168,6 +182,9 @@ def ensure_synced() -> dict[tuple[str, int], str] | None:
         outcomes: dict[tuple[str, int], str] = dict(sync_code_definitions())
         outcomes.update(sync_document_definitions())
         restore_documents()
+        from .scope_rules import evaluate_scope_rows
+
+        evaluate_scope_rows()
         _synced = True
         return outcomes
 
@@ -301,15 +318,35 @@ def load_document(
     The compile comes first: a malformed or hostile document raises the
     compiler's ``DocumentError`` (naming the path and line) and writes
     nothing. The candidate is not startable until :func:`publish`; the
-    registry's refusals (an existing version, the contract and state-type
-    rules, the default-scope contract rule) also write nothing. ``source``
-    is attribution only (a file name, a URL it came from), never fetched.
+    registry's refusals (the same key with another text, the contract and
+    state-type rules, the default-scope contract rule) also write nothing.
+    Loading the very same text again is a no-op that returns the stored
+    record (whatever its status; :func:`load_document_outcome` tells the
+    two apart). ``source`` is attribution only (a file name, a URL it came
+    from), never fetched.
+    """
+    return load_document_outcome(text, format=format, scope=scope, source=source)[0]
+
+
+def load_document_outcome(
+    text: str,
+    *,
+    format: str,
+    scope: str = DEFAULT_SCOPE,
+    source: str | None = None,
+) -> tuple[DefinitionRecord, DocumentOutcome]:
+    """:func:`load_document`, with what happened: ``"INSERTED"`` or ``"UNCHANGED"``.
+
+    ``"UNCHANGED"``: the key already holds a DOCUMENT row with this text
+    (same digest) and plan hash; nothing was written, the stored record is
+    returned. Re-running a deploy step is therefore safe, while another text
+    under an existing key stays refused (:class:`DefinitionUnavailable`).
     """
     from .definitions.documents import DOCUMENT_FORMATS
 
     plan = document_plans.compile_text(text, document_format=format, source=source)
     canonical = DOCUMENT_FORMATS[str(format).lower()]  # the compiler accepted it
-    return document_store.insert_candidate(scope, plan, text, canonical, source)
+    return document_store.load_candidate(scope, plan, text, canonical, source)
 
 
 def publish(definition_id: str, version: int, scope: str = DEFAULT_SCOPE) -> DefinitionRecord:

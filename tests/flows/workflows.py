@@ -913,3 +913,7 @@ class EagerFailFlow(Workflow[dict]):
     joined = join(next="done", on_failed="gave_up")
     gave_up = fail(reason="GAVE_UP")
     done = end()
+
+
+# the how-to's parcel documents name callables registered there
+from . import parcels as _parcels  # noqa: E402, F401

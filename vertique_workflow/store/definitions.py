@@ -62,6 +62,7 @@ __all__ = [
     "DefinitionRecord",
     "DefinitionRow",
     "PlanLike",
+    "RuleRow",
     "SelectionResult",
     "UpsertOutcome",
     "admit_pin",
@@ -77,6 +78,7 @@ __all__ = [
     "put_activation",
     "remove_activation",
     "retire",
+    "scope_rule_rows",
     "select_version",
     "selection_read",
     "signal_declaration",
@@ -263,6 +265,23 @@ SELECT scope_key, definition_id, definition_version, status, name_binding::text
 FROM {T["definitions"]}
 WHERE status <> 'RETIRED' AND name_binding <> '{{}}'::jsonb
 ORDER BY definition_id, scope_key, definition_version
+"""
+
+# The rows the scope-row evaluation reads: every non-retired DOCUMENT row of a
+# scope other than default, and the non-retired default rows of the same ids
+# (optionally of one id), with what the rules need and nothing else.
+SCOPE_RULE_ROWS = f"""
+SELECT d.scope_key, d.definition_id, d.definition_version, d.kind, d.status,
+       d.state_type_name, d.plan_hash, d.name_binding::text, d.failure_reason
+FROM {T["definitions"]} d
+WHERE d.status <> 'RETIRED'
+  AND (%s::varchar IS NULL OR d.definition_id = %s)
+  AND (d.scope_key = 'default' OR d.kind = 'DOCUMENT')
+  AND EXISTS (
+      SELECT 1 FROM {T["definitions"]} s
+      WHERE s.definition_id = d.definition_id AND s.scope_key <> 'default'
+        AND s.kind = 'DOCUMENT' AND s.status <> 'RETIRED')
+ORDER BY d.definition_id, d.scope_key, d.definition_version
 """
 
 _ENDED_SQL = ", ".join(f"'{status}'" for status in ENDED_INSTANCE_STATUSES)
@@ -1244,6 +1263,65 @@ def bound_names() -> list[BoundNames]:
                     {str(k): str(v) for k, v in value.items()},
                 )
             )
+    return found
+
+
+@dataclass(frozen=True)
+class RuleRow:
+    """What the scope-row rules read of a non-retired row (no text).
+
+    ``failure_reason`` is the stored value as is (an unknown reason too), so
+    an evaluation can tell whether the column needs rewriting.
+    """
+
+    scope_key: str
+    definition_id: str
+    version: int
+    kind: str
+    status: str
+    state_type_name: str
+    plan_hash: str
+    name_binding: dict[str, str]
+    failure_reason: str | None
+
+
+def scope_rule_rows(definition_id: str | None = None) -> list[RuleRow]:
+    """Every non-retired DOCUMENT row of a scope other than default, with the non-retired
+    default-scope rows of the same ids (of ``definition_id`` only, when given).
+
+    One plain statement on the caller's connection and transaction: no lock,
+    no write, no document text (a start may call it).
+    """
+    connection = connections[db.alias()]
+    with connection.cursor() as cursor:
+        cursor.execute(SCOPE_RULE_ROWS, [definition_id, definition_id])
+        fetched = cursor.fetchall()
+    found = []
+    for (
+        scope_key,
+        row_id,
+        version,
+        kind,
+        status,
+        state_type,
+        plan_hash,
+        binding,
+        failure,
+    ) in fetched:
+        value = _load(binding)
+        found.append(
+            RuleRow(
+                scope_key,
+                row_id,
+                version,
+                kind,
+                status,
+                state_type,
+                plan_hash,
+                {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {},
+                failure,
+            )
+        )
     return found
 
 

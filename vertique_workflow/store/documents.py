@@ -73,6 +73,7 @@ __all__ = [
     "find_document",
     "input_limit",
     "insert_candidate",
+    "load_candidate",
     "record_failure",
     "release_publication",
     "require_utf8",
@@ -103,6 +104,12 @@ INSERT INTO {T["definitions"]}
 VALUES (%s, %s, %s, 'DOCUMENT', %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb,
         %s, %s, %s, %s, now(), now())
 RETURNING {RECORD_COLUMNS}
+"""
+
+FIND_RECORD = f"""
+SELECT {RECORD_COLUMNS}
+FROM {T["definitions"]}
+WHERE scope_key = %s AND definition_id = %s AND definition_version = %s
 """
 
 # The guarded source read: counts always, the body only inside the envelope.
@@ -335,6 +342,44 @@ def insert_candidate(
       refused (:class:`ContractMismatch`); a default-scope insert is never
       refused for the rows of other scopes.
     """
+    record, _ = _write_candidate(
+        scope_key, plan, text, document_format, source_location, unchanged_ok=False
+    )
+    return record
+
+
+def load_candidate(
+    scope_key: str,
+    plan: PlanLike,
+    text: str,
+    document_format: str,
+    source_location: str | None = None,
+) -> tuple[DefinitionRecord, DocumentOutcome]:
+    """:func:`insert_candidate`, except that loading the same text again is a no-op.
+
+    A runtime load is often repeated (a deploy script run twice, an operator
+    retrying after a timeout): when the key already holds a DOCUMENT row
+    with the same text digest and plan hash, nothing is written and the
+    stored record is returned with ``"UNCHANGED"`` (whatever its status).
+    The same key with another text (or a CODE row) stays refused with
+    :class:`DefinitionUnavailable`: a changed document is a new version.
+    Decided under the id lock, so two identical concurrent loads give one
+    ``"INSERTED"`` and one ``"UNCHANGED"``.
+    """
+    return _write_candidate(
+        scope_key, plan, text, document_format, source_location, unchanged_ok=True
+    )
+
+
+def _write_candidate(
+    scope_key: str,
+    plan: PlanLike,
+    text: str,
+    document_format: str,
+    source_location: str | None,
+    *,
+    unchanged_ok: bool,
+) -> tuple[DefinitionRecord, DocumentOutcome]:
     definition_id, version = plan.id, int(plan.version)
     key = _key(scope_key, definition_id, version)
     text_digest = _checked_text(key, definition_id, text, document_format)
@@ -342,9 +387,30 @@ def insert_candidate(
     with _mutation(definition_id) as (cursor, rows):
         own = _find(rows, scope_key, version)
         if own is not None:
+            same = (
+                own.kind == "DOCUMENT"
+                and own.document_digest == text_digest
+                and own.plan_hash == plan.plan_hash
+            )
+            if unchanged_ok and same:
+                cursor.execute(FIND_RECORD, [scope_key, definition_id, version])
+                return _record(cursor.fetchone()), "UNCHANGED"
+            what = f"({own.kind}, {own.status})"
+            if own.kind == "DOCUMENT" and same:
+                what += " with the same text"
+            elif own.kind == "DOCUMENT" and own.document_digest == text_digest:
+                what += (
+                    " with the same text, which compiles on this node to another plan hash "
+                    f"({plan.plan_hash[:12]}, stored {own.plan_hash[:12]})"
+                )
+            elif own.kind == "DOCUMENT":
+                what += (
+                    f" with another text (stored digest {str(own.document_digest)[:12]}, "
+                    f"this one {text_digest[:12]})"
+                )
             raise DefinitionUnavailable(
-                f"definition {key} already exists ({own.kind}, {own.status}); load a changed "
-                "document as a new version",
+                f"definition {key} already exists {what}; nothing was written: load a "
+                "changed document as a new version",
                 definition_id=definition_id,
             )
         _check_version_rules(
@@ -359,7 +425,7 @@ def insert_candidate(
                 scope_key, plan, "CANDIDATE", text, text_digest, document_format, source_location
             ),
         )
-        return _record(cursor.fetchone())
+        return _record(cursor.fetchone()), "INSERTED"
 
 
 def upsert_document(
