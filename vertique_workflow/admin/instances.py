@@ -14,6 +14,7 @@ from ..models import (
     WorkflowTask,
     WorkflowTimer,
 )
+from .actions import InstanceActions
 from .common import (
     INLINE_ROWS,
     ReadOnlyAdmin,
@@ -67,7 +68,7 @@ class CommandInline(ReadOnlyInline):
 
 
 @admin.register(WorkflowInstance)
-class WorkflowInstanceAdmin(ReadOnlyAdmin):
+class WorkflowInstanceAdmin(InstanceActions, ReadOnlyAdmin):
     list_display = (
         "id",
         "definition_id",

@@ -13,6 +13,7 @@ from ..models import (
     WorkflowTask,
     WorkflowTimer,
 )
+from .actions import TaskActions
 from .common import ReadOnlyAdmin, choices_filter, command_link, instance_link, pretty_json
 
 
@@ -55,7 +56,7 @@ class WorkflowTimerAdmin(ReadOnlyAdmin):
 
 
 @admin.register(WorkflowTask)
-class WorkflowTaskAdmin(ReadOnlyAdmin):
+class WorkflowTaskAdmin(TaskActions, ReadOnlyAdmin):
     list_display = (
         "id",
         "workflow_link",
