@@ -76,6 +76,7 @@ class ActionForm(forms.Form):
     """
 
     reason = forms.CharField(
+        label="Reason for the record",
         max_length=REASON_MAX,
         widget=forms.TextInput(attrs={"size": 80}),
         help_text="Why: kept with the command and its history entries.",
