@@ -472,7 +472,6 @@ def test_bulk_actions_are_offered_only_to_users_with_the_permission(viewer, oper
         reason="r",
         idempotency_key=str(uuid.uuid4()),
     )
-    assert response.status_code == 302
-    assert texts(response)[-1] == "No action selected."  # the action is not offered to vic
+    assert response.status_code == 200  # vic has no actions: the post is just the list again
     assert table_counts() == before
     assert wf.get(instance).status == "WAITING"
