@@ -27,7 +27,9 @@ tasks, branch tokens). Importing the modules registers their admins.
 
 from __future__ import annotations
 
-from . import commands, history, instances, tasks
+from django.contrib import admin as _django_admin
+
+from . import commands, history, instances, tasks, views
 from .common import (
     INLINE_ROWS,
     LAST_ERROR_PREVIEW,
@@ -44,6 +46,10 @@ from .common import (
     pretty_json,
 )
 
+# the views of the composite-key tables and whole JSON values, on Django's default site
+views.install(_django_admin.site)
+install_views = views.install
+
 __all__ = [
     "INLINE_ROWS",
     "LAST_ERROR_PREVIEW",
@@ -57,9 +63,11 @@ __all__ = [
     "commands",
     "filtered_changelist_url",
     "history",
+    "install_views",
     "instance_link",
     "instances",
     "latest_rows_formset",
     "pretty_json",
     "tasks",
+    "views",
 ]
