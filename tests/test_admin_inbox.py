@@ -82,7 +82,7 @@ def review(manager: str = "ann", key: str = "r-1") -> tuple[uuid.UUID, wf.TaskVi
 
 def decision_data(decision: str, **fields: str) -> dict[str, str]:
     data = {"reason": "looked at it", "idempotency_key": str(uuid.uuid4()), **fields}
-    return {f"d-{decision}-{name}": value for name, value in data.items()}
+    return {"decision": decision, **{f"d-{decision}-{name}": value for name, value in data.items()}}
 
 
 def completions(task_id: Any) -> list[WorkflowCommand]:
@@ -103,8 +103,9 @@ def test_the_assignee_decides_through_the_form_built_from_the_payload_schema(ann
     key = re.search(r'name="d-reject-idempotency_key" value="([0-9a-f-]{36})"', page.text)
     assert key, "each decision form carries its own idempotency key"
     response = ann.post(
-        task_url("complete_decision", task.id, "reject"),
+        task_url("complete", task.id),
         {
+            "decision": "reject",
             "d-reject-payload__reason": "over budget",
             "d-reject-reason": "policy 4.2",
             "d-reject-idempotency_key": key.group(1),
@@ -135,7 +136,7 @@ def test_a_member_of_a_candidate_group_decides_and_returns_to_the_inbox(rita):
     decide = task_url("complete", task.id) + "?from=inbox"
     assert decide in listed.text
     response = rita.post(
-        task_url("complete_decision", task.id, "approve") + "?from=inbox",
+        task_url("complete", task.id) + "?from=inbox",
         decision_data("approve"),
     )
     assert response.status_code == 302 and response.url == inbox()
@@ -151,7 +152,7 @@ def test_a_user_the_task_rule_refuses_gets_a_clear_refusal_and_nothing_is_writte
     page = bob.get(task_url("complete", task.id))
     assert page.status_code == 403
     assert "You may not decide the task" in page.text
-    posted = bob.post(task_url("complete_decision", task.id, "approve"), decision_data("approve"))
+    posted = bob.post(task_url("complete", task.id), decision_data("approve"))
     assert posted.status_code == 403
     refused = bob.post(
         task_url("reassign", task.id),
@@ -174,9 +175,7 @@ def test_a_user_the_task_rule_refuses_gets_a_clear_refusal_and_nothing_is_writte
 def test_bad_decision_input_is_a_form_error_and_writes_nothing(ann, decision, fields, message):
     _instance, task = review()
     before = table_counts()
-    response = ann.post(
-        task_url("complete_decision", task.id, decision), decision_data(decision, **fields)
-    )
+    response = ann.post(task_url("complete", task.id), decision_data(decision, **fields))
     assert response.status_code == 200
     assert message in response.text
     assert table_counts() == before
@@ -186,7 +185,7 @@ def test_bad_decision_input_is_a_form_error_and_writes_nothing(ann, decision, fi
 def test_an_undeclared_decision_is_refused_with_a_message(ann):
     _instance, task = review()
     before = table_counts()
-    response = ann.post(task_url("complete_decision", task.id, "escalate"), decision_data("x"))
+    response = ann.post(task_url("complete", task.id), decision_data("escalate"))
     assert response.status_code == 302
     assert "declares no decision 'escalate' (allowed: approve, reject)" in texts(response)[-1]
     assert table_counts() == before
@@ -195,9 +194,9 @@ def test_an_undeclared_decision_is_refused_with_a_message(ann):
 def test_a_double_submitted_decision_records_once(ann):
     _instance, task = review()
     data = decision_data("approve")
-    ann.post(task_url("complete_decision", task.id, "approve"), data)
+    ann.post(task_url("complete", task.id), data)
     before = table_counts()
-    again = ann.post(task_url("complete_decision", task.id, "approve"), data)
+    again = ann.post(task_url("complete", task.id), data)
     assert again.status_code == 302
     assert "already recorded (the form was sent twice)" in texts(again)[-1]
     assert table_counts() == before
@@ -206,14 +205,14 @@ def test_a_double_submitted_decision_records_once(ann):
 
 def test_a_task_already_completed_offers_no_form_and_refuses_a_new_decision(ann):
     _instance, task = review()
-    ann.post(task_url("complete_decision", task.id, "approve"), decision_data("approve"))
+    ann.post(task_url("complete", task.id), decision_data("approve"))
     run_until_idle()
     page = ann.get(task_url("complete", task.id))
     assert "The task is COMPLETED: there is nothing to decide" in page.text
     assert "d-approve-reason" not in page.text
     before = table_counts()
     response = ann.post(
-        task_url("complete_decision", task.id, "reject"),
+        task_url("complete", task.id),
         decision_data("reject", payload__reason="late"),
     )
     assert response.status_code == 200

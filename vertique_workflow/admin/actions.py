@@ -715,20 +715,19 @@ def decision_forms(
     ]
 
 
-def complete_view(
-    model_admin: admin.ModelAdmin,
-    request: HttpRequest,
-    object_id: str,
-    decision: str | None = None,
-) -> Any:
-    """A task's decision forms (GET), and one decision's completion (POST to its URL)."""
+def complete_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_id: str) -> Any:
+    """A task's decision forms (GET), and one decision's completion (POST).
+
+    The posted form names its decision in a ``decision`` field (a decision
+    name is free text, so it is not part of the URL).
+    """
     task = _load_task(request, object_id)
     if isinstance(task, HttpResponse):
         return task
     denied = _task_refusal(model_admin, request, task, "Decide")
     if denied is not None:
         return denied
-    posted = decision if request.method == "POST" else None
+    posted = request.POST.get("decision", "") if request.method == "POST" else None
     if posted is not None and posted not in task.decisions:
         messages.error(
             request,
@@ -857,11 +856,6 @@ class TaskActions:
         prefix = f"{opts.app_label}_{opts.model_name}"
         return [
             path("inbox/", wrap(lambda r: inbox_view(self, r)), name=f"{prefix}_inbox"),
-            path(
-                "<path:object_id>/complete/<str:decision>/",
-                wrap(lambda r, object_id, decision: complete_view(self, r, object_id, decision)),
-                name=f"{prefix}_complete_decision",
-            ),
             path(
                 "<path:object_id>/complete/",
                 wrap(lambda r, object_id: complete_view(self, r, object_id)),
