@@ -1,0 +1,140 @@
+"""The admin as an operator meets it: in headless Chromium, through the live server.
+
+Each test logs in through the admin's login form and works only with what a
+person sees and clicks; between steps ``run_until_idle()`` plays the
+executor (the commands run exactly as ``workflow_executor`` runs them), and
+the page is reloaded to see the instance move on. Playwright's ``expect``
+waits for what the page should show (no sleeps).
+
+Machinery (tests/browser.py): Debian's ``chromium`` driven by Playwright's
+Python package, skipped with the reason where there is none; a screenshot of
+every step in ``artifacts/screenshots/``; with
+``VERTIQUE_UPDATE_GUIDE_IMAGES=1`` the ones docs/operators-guide.md embeds
+are written to docs/images/ as well.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+import vertique_workflow as wf
+from tests.browser import (
+    GUIDE_IMAGES,
+    find_chromium,
+    screenshot_dir,
+    update_guide_images,
+    why_no_browser,
+)
+from vertique_workflow.testing import run_until_idle
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+PASSWORD = "browser-pass"
+VIEWPORT = {"width": 1280, "height": 860}
+EXPECT_TIMEOUT_MS = 20_000  # what a page should show; generous for a busy two-core CI machine
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for the module, or a skip that says why there is none.
+
+    Playwright's sync API keeps an asyncio loop marked as running on this
+    thread, and Django then refuses ORM calls "from an async context"
+    although nothing here is async: ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts that
+    check while the browser lives. Module scope, so the loop is gone before
+    the next module's tests run.
+    """
+    reason = why_no_browser()
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        chromium = playwright.chromium.launch(executable_path=find_chromium(), headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+class Camera:
+    """Numbered full-page screenshots of one test, kept as CI artifacts."""
+
+    def __init__(self, page: Any, test_name: str) -> None:
+        self.page = page
+        self.prefix = re.sub(r"^test_", "", test_name)
+        self.count = 0
+
+    def shot(self, label: str, *, guide: str | None = None) -> Path:
+        """Screenshot the page; ``guide`` names the docs/images/ copy the guide embeds."""
+        self.count += 1
+        path = screenshot_dir() / f"{self.prefix}-{self.count:02d}-{label}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        if guide and update_guide_images():
+            GUIDE_IMAGES.mkdir(parents=True, exist_ok=True)
+            # the viewport only: the guide's images stay small
+            self.page.screenshot(path=str(GUIDE_IMAGES / f"{guide}.png"))
+        assert path.stat().st_size > 0
+        return path
+
+
+@pytest.fixture
+def operator(django_user_model: Any) -> Any:
+    """The operator: a superuser (model permissions and the task rule allow everything)."""
+    return django_user_model.objects.create_superuser("olga", "olga@example.com", PASSWORD)
+
+
+@pytest.fixture
+def page(browser: Any, live_server: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    context = browser.new_context(viewport=VIEWPORT, base_url=live_server.url)
+    tab = context.new_page()
+    tab.camera = Camera(tab, request.node.name)
+    try:
+        yield tab
+    finally:
+        context.close()
+
+
+def log_in(page: Any, username: str = "olga", password: str = PASSWORD) -> None:
+    """Log in through the admin's own form, as a person does."""
+    from playwright.sync_api import expect
+
+    page.goto(reverse("admin:login"))
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_text(re.compile(r"Welcome,", re.I))).to_be_visible()
+
+
+def instance_url(instance_id: Any) -> str:
+    return reverse("admin:vertique_workflow_workflowinstance_change", args=[instance_id])
+
+
+def test_log_in_and_open_a_waiting_instance(page: Any, operator: Any) -> None:
+    from playwright.sync_api import expect
+
+    ref = wf.start("order", {"amount": 5}, idempotency_key="browser-open")
+    run_until_idle()
+
+    page.goto(reverse("admin:index"))
+    expect(page).to_have_url(re.compile(r"/admin/login/"))  # nothing without logging in
+    page.camera.shot("login")
+    log_in(page)
+    page.camera.shot("admin-index")
+
+    page.goto(reverse("admin:vertique_workflow_workflowinstance_changelist"))
+    row = page.locator("#result_list tbody tr", has_text=str(ref.id)[:8])
+    expect(row).to_contain_text("WAITING")
+    page.camera.shot("instances")
+
+    page.goto(instance_url(ref.id))
+    expect(page.locator("body")).to_contain_text("await_payment")
+    page.camera.shot("instance")
