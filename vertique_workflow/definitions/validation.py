@@ -12,7 +12,7 @@ import datetime
 import json
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from ..exceptions import WorkflowDefinitionError
 from .branches import (
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 from .retry import RetryPolicy
 
-__all__ = ["MAX_NAME_LENGTH", "MAX_REASON_LENGTH", "validate"]
+__all__ = ["MAX_NAME_LENGTH", "MAX_REASON_LENGTH", "Transition", "transitions", "validate"]
 
 MAX_NAME_LENGTH = 255  # ids and names are stored in VARCHAR(255) columns
 MAX_REASON_LENGTH = 128  # a fail reason is stored as error_type VARCHAR(128)
@@ -179,36 +179,69 @@ def _check_step(plan: Plan, step: Step) -> None:
     _KIND_CHECKS[step.kind](plan, step)
 
 
-def _transitions(step: Step) -> Iterator[tuple[str, Any]]:
-    """Every (field, step id) edge leaving ``step``."""
+class Transition(NamedTuple):
+    """One edge leaving a step: the one enumeration of "where a step can go".
+
+    ``field`` names the edge as validation messages do (``next``,
+    ``on_signal['paid']``, ``decision 'approve'``, ``branch 'a'``, ...);
+    ``kind`` is its sort -- ``next``, ``target`` (a decision's), ``signal``,
+    ``timeout``, ``decision`` (a task's), ``due``, ``branch`` (a fixed
+    fork's first step), ``each`` (a fan-out's first step), ``join`` (a fork
+    to its join), ``on_failed``, ``on_completed`` -- and ``key`` the signal,
+    decision or branch name it belongs to (None otherwise). Validation and
+    the diagram both read it, so a new kind of edge cannot be checked but
+    not drawn (or the other way round).
+    """
+
+    field: str
+    target: Any
+    kind: str
+    key: str | None = None
+
+
+def transitions(step: Step) -> list[Transition]:
+    """Every edge leaving ``step``, in declaration order (targets unchecked)."""
+    found: list[Transition] = []
     if step.next is not None:
-        yield "next", step.next
+        found.append(Transition("next", step.next, "next"))
     for target in step.targets:
-        yield "targets", target
+        found.append(Transition("targets", target, "target"))
     for signal, target in step.on_signal.items():
-        yield f"on_signal[{signal!r}]", target
+        found.append(Transition(f"on_signal[{signal!r}]", target, "signal", signal))
     if step.on_timeout is not None:
-        yield "on_timeout", step.on_timeout
+        found.append(Transition("on_timeout", step.on_timeout, "timeout"))
     task = step.task
     if isinstance(task, TaskSpec):
         for name, decision in task.decisions.items():
             if isinstance(decision, TaskDecision):
-                yield f"decision {name!r}", decision.next
+                found.append(Transition(f"decision {name!r}", decision.next, "decision", name))
         if task.on_due is not None:
-            yield "on_due", task.on_due
+            found.append(Transition("on_due", task.on_due, "due"))
     fork = step.fork
     if isinstance(fork, ForkSpec):
-        yield from fork.first_steps()
-        yield "join", fork.join
+        if fork.fan_out:
+            if fork.start is not None:
+                found.append(Transition("start", fork.start, "each"))
+        else:
+            for branch, first in fork.branches.items():
+                found.append(Transition(f"branch {branch!r}", first, "branch", branch))
+        found.append(Transition("join", fork.join, "join"))
     join = step.join
     if isinstance(join, JoinSpec) and join.on_failed is not None:
-        yield "on_failed", join.on_failed
+        found.append(Transition("on_failed", join.on_failed, "on_failed"))
     call = step.call
     if isinstance(call, CallSpec):
         if call.on_completed is not None:
-            yield "on_completed", call.on_completed
+            found.append(Transition("on_completed", call.on_completed, "on_completed"))
         if call.on_failed is not None:
-            yield "on_failed", call.on_failed
+            found.append(Transition("on_failed", call.on_failed, "on_failed"))
+    return found
+
+
+def _transitions(step: Step) -> Iterator[tuple[str, Any]]:
+    """Every (field, step id) edge leaving ``step``."""
+    for transition in transitions(step):
+        yield transition.field, transition.target
 
 
 def _check_action(plan: Plan, step: Step) -> None:
