@@ -118,23 +118,58 @@ def instance_url(instance_id: Any) -> str:
     return reverse("admin:vertique_workflow_workflowinstance_change", args=[instance_id])
 
 
-def test_log_in_and_open_a_waiting_instance(page: Any, operator: Any) -> None:
+def diagram_step(page: Any, step: str) -> Any:
+    """The diagram's box of ``step`` (the SVG's ``<g class="step ..." data-step=...>``)."""
+    return page.locator(f'#diagram svg g.step[data-step="{step}"]')
+
+
+def test_an_operator_logs_in_and_follows_an_instance_on_its_diagram_and_history(
+    page: Any, operator: Any
+) -> None:
     from playwright.sync_api import expect
 
-    ref = wf.start("order", {"amount": 5}, idempotency_key="browser-open")
+    ref = wf.start("order", {"amount": 5}, idempotency_key="browser-follow")
     run_until_idle()
 
     page.goto(reverse("admin:index"))
     expect(page).to_have_url(re.compile(r"/admin/login/"))  # nothing without logging in
     page.camera.shot("login")
     log_in(page)
-    page.camera.shot("admin-index")
 
     page.goto(reverse("admin:vertique_workflow_workflowinstance_changelist"))
     row = page.locator("#result_list tbody tr", has_text=str(ref.id)[:8])
     expect(row).to_contain_text("WAITING")
-    page.camera.shot("instances")
+    expect(row).to_contain_text("await_payment")
+    page.camera.shot("instances", guide="instances")
 
-    page.goto(instance_url(ref.id))
-    expect(page.locator("body")).to_contain_text("await_payment")
-    page.camera.shot("instance")
+    # the instance page: its diagram highlights where it waits
+    row.get_by_role("link").first.click()
+    expect(page).to_have_url(re.compile(str(ref.id)))
+    expect(diagram_step(page, "await_payment")).to_have_class(re.compile(r"\bcurrent\b"))
+    expect(diagram_step(page, "reserve")).to_have_class(re.compile(r"\bvisited\b"))
+    expect(diagram_step(page, "ship")).not_to_have_class(re.compile(r"\b(current|visited)\b"))
+    page.camera.shot("instance-waiting", guide="instance")
+
+    # the payment arrives; once the executor ran it the page shows the instance moved on
+    wf.signal(ref.id, "paid", {"amount_paid": 5}, dedup_key="browser-follow-paid")
+    run_until_idle()
+    page.reload()
+    expect(page.locator("#timeline")).to_contain_text("paid")
+    expect(diagram_step(page, "ship")).to_have_class(re.compile(r"\bvisited\b"))
+    expect(diagram_step(page, "await_payment")).not_to_have_class(re.compile(r"\bcurrent\b"))
+    expect(page.locator("#content-main")).to_contain_text("COMPLETED")
+    page.camera.shot("instance-completed")
+
+    # choose the history entry where it waited: the state then, and where it stood
+    waited = page.locator("#timeline tbody tr", has_text="WAITING for").first
+    waited.get_by_role("link", name=re.compile(r"^#\d+$")).click()
+    expect(page).to_have_url(re.compile(r"[?&]at=\d+"))
+    past = page.locator("#state-at")
+    expect(past).to_be_visible()
+    then = page.locator("#state-at + *")  # the state right after that entry
+    expect(then).to_contain_text("reserved")
+    expect(then).not_to_contain_text("shipped")
+    expect(page.locator("#timeline tr.wf-selected")).to_have_count(1)
+    expect(diagram_step(page, "await_payment")).to_have_class(re.compile(r"\bcurrent\b"))
+    expect(diagram_step(page, "ship")).not_to_have_class(re.compile(r"\bvisited\b"))
+    page.camera.shot("instance-history-entry", guide="history")
