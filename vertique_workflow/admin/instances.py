@@ -43,6 +43,7 @@ from ..models import (
     WorkflowTimer,
 )
 from ..operations import state_at
+from .actions import InstanceActions
 from .common import (
     NoCountChangeList,
     ReadOnlyAdmin,
@@ -187,7 +188,7 @@ def facts_of(obj: Any) -> Facts:
 
 
 @admin.register(WorkflowInstance)
-class WorkflowInstanceAdmin(ReadOnlyAdmin):
+class WorkflowInstanceAdmin(InstanceActions, ReadOnlyAdmin):
     list_display = (
         "id_link",
         "status_text",

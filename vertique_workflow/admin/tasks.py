@@ -13,6 +13,7 @@ from ..models import (
     WorkflowTask,
     WorkflowTimer,
 )
+from .actions import TaskActions
 from .common import (
     ReadOnlyAdmin,
     choices_filter,
@@ -75,7 +76,7 @@ class WorkflowTimerAdmin(ReadOnlyAdmin):
 
 
 @admin.register(WorkflowTask)
-class WorkflowTaskAdmin(ReadOnlyAdmin):
+class WorkflowTaskAdmin(TaskActions, ReadOnlyAdmin):
     json_fields = ("candidates_json", "decisions_snapshot_json", "result_json")
     due_at_ms = ms_display("due_at", "due")
     created_at_ms = ms_display("created_at", "created")
