@@ -118,6 +118,11 @@ def instance_url(instance_id: Any) -> str:
     return reverse("admin:vertique_workflow_workflowinstance_change", args=[instance_id])
 
 
+def action_url(instance_id: Any, action: str) -> str:
+    """An instance action's page (``cancel``, ``retry``, ``signal``)."""
+    return reverse(f"admin:vertique_workflow_workflowinstance_{action}", args=[instance_id])
+
+
 def diagram_step(page: Any, step: str) -> Any:
     """The diagram's box of ``step`` (the SVG's ``<g class="step ..." data-step=...>``)."""
     return page.locator(f'#diagram svg g.step[data-step="{step}"]')
@@ -173,3 +178,96 @@ def test_an_operator_logs_in_and_follows_an_instance_on_its_diagram_and_history(
     expect(diagram_step(page, "await_payment")).to_have_class(re.compile(r"\bcurrent\b"))
     expect(diagram_step(page, "ship")).not_to_have_class(re.compile(r"\bvisited\b"))
     page.camera.shot("instance-history-entry", guide="history")
+
+
+def test_an_operator_completes_a_task_through_its_form_and_the_instance_moves_on(
+    page: Any, operator: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    ref = wf.start("review", {"manager": "olga"}, idempotency_key="browser-task")
+    run_until_idle()
+    log_in(page)
+
+    page.goto(reverse("admin:vertique_workflow_workflowtask_inbox"))
+    row = page.locator("#result_list tbody tr", has_text="Review the claim")
+    expect(row).to_contain_text(str(ref.id))
+    page.camera.shot("inbox", guide="inbox")
+    row.get_by_role("link", name="Decide").click()
+
+    approve = page.locator("form", has=page.locator("input[type=submit][value='Approve']"))
+    approve.get_by_label("Reason for the record").fill("checked the receipts")
+    page.camera.shot("decide", guide="decide")
+    approve.locator("input[type=submit]").click()
+    expect(page.locator("ul.messagelist")).to_be_visible()
+    page.camera.shot("decided")
+    assert wf.tasks(status="OPEN", assignee="olga").items == []
+
+    run_until_idle()  # the executor completes the task and runs the approval
+    page.goto(instance_url(ref.id))
+    expect(page.locator("#content-main")).to_contain_text("COMPLETED")
+    expect(diagram_step(page, "approved")).to_have_class(re.compile(r"\bvisited\b"))
+    expect(diagram_step(page, "rejected")).not_to_have_class(re.compile(r"\bvisited\b"))
+    page.camera.shot("task-instance-completed")
+    assert wf.get(ref.id).state["outcome"] == "approved"
+
+
+def test_an_operator_sends_a_signal_and_the_executor_applies_it(page: Any, operator: Any) -> None:
+    from playwright.sync_api import expect
+
+    ref = wf.start("order", {"amount": 7}, idempotency_key="browser-signal")
+    run_until_idle()
+    log_in(page)
+    page.goto(instance_url(ref.id))
+
+    # the action pages by their URLs: the instance page does not link them yet (see the guide)
+    page.goto(action_url(ref.id, "signal"))
+    page.get_by_label("Signal").select_option("paid")
+    page.get_by_label("Payload (JSON)").fill('{"amount_paid": 7}')
+    page.get_by_label("Reason for the record").fill("the bank confirmed by phone")
+    page.camera.shot("signal-form", guide="signal")
+    page.locator("#content-main input[type=submit].default").click()
+    expect(page.locator("ul.messagelist")).to_be_visible()
+    page.camera.shot("signal-recorded")
+
+    run_until_idle()
+    page.goto(instance_url(ref.id))
+    expect(page.locator("#content-main")).to_contain_text("COMPLETED")
+    expect(page.locator("#timeline")).to_contain_text("olga")  # the operator as the actor
+    page.camera.shot("signal-applied")
+
+
+@pytest.mark.usefixtures("reset_gates")
+def test_an_operator_retries_a_failed_instance_once_the_cause_is_fixed(
+    page: Any, operator: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    from tests.flows.workflows import Gate
+
+    Gate.non_retryable = True  # the carrier refuses: the instance FAILS
+    ref = wf.start("shipment", {"ref": "S-1"}, idempotency_key="browser-retry")
+    run_until_idle()
+    assert wf.get(ref.id).status == "FAILED"
+    log_in(page)
+
+    page.goto(
+        reverse("admin:vertique_workflow_workflowinstance_changelist") + "?status__exact=FAILED"
+    )
+    expect(page.locator("#result_list")).to_contain_text("SHIPMENT_REFUSED")
+    page.camera.shot("failed-instances", guide="failed")
+    page.goto(instance_url(ref.id))
+    page.camera.shot("failed-instance")
+
+    Gate.non_retryable = False  # the cause is fixed
+    page.goto(action_url(ref.id, "retry"))
+    page.get_by_label("Reason for the record").fill("carrier contract renewed")
+    page.camera.shot("retry-form", guide="retry")
+    page.locator("#content-main input[type=submit].default").click()
+    expect(page.locator("ul.messagelist")).to_be_visible()
+
+    run_until_idle()
+    page.goto(instance_url(ref.id))
+    expect(diagram_step(page, "confirm_wait")).to_have_class(re.compile(r"\bcurrent\b"))
+    expect(page.locator("#content-main")).to_contain_text("WAITING")
+    page.camera.shot("retried")
