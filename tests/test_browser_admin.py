@@ -73,15 +73,22 @@ class Camera:
         self.prefix = re.sub(r"^test_", "", test_name)
         self.count = 0
 
-    def shot(self, label: str, *, guide: str | None = None) -> Path:
-        """Screenshot the page; ``guide`` names the docs/images/ copy the guide embeds."""
+    def shot(self, label: str, *, guide: str | None = None, focus: str | None = None) -> Path:
+        """Screenshot the page; ``guide`` names the docs/images/ copy the guide embeds.
+
+        ``focus`` (a selector) makes the guide's copy that element alone.
+        """
         self.count += 1
         path = screenshot_dir() / f"{self.prefix}-{self.count:02d}-{label}.png"
         self.page.screenshot(path=str(path), full_page=True)
         if guide and update_guide_images():
             GUIDE_IMAGES.mkdir(parents=True, exist_ok=True)
             # the viewport only: the guide's images stay small
-            self.page.screenshot(path=str(GUIDE_IMAGES / f"{guide}.png"))
+            target = GUIDE_IMAGES / f"{guide}.png"
+            if focus:
+                self.page.locator(focus).first.screenshot(path=str(target))
+            else:
+                self.page.screenshot(path=str(target))
         assert path.stat().st_size > 0
         return path
 
@@ -153,7 +160,7 @@ def test_an_operator_logs_in_and_follows_an_instance_on_its_diagram_and_history(
     expect(diagram_step(page, "await_payment")).to_have_class(re.compile(r"\bcurrent\b"))
     expect(diagram_step(page, "reserve")).to_have_class(re.compile(r"\bvisited\b"))
     expect(diagram_step(page, "ship")).not_to_have_class(re.compile(r"\b(current|visited)\b"))
-    page.camera.shot("instance-waiting", guide="instance")
+    page.camera.shot("instance-waiting", guide="instance", focus=".wf-columns")
 
     # the payment arrives; once the executor ran it the page shows the instance moved on
     wf.signal(ref.id, "paid", {"amount_paid": 5}, dedup_key="browser-follow-paid")
@@ -177,7 +184,7 @@ def test_an_operator_logs_in_and_follows_an_instance_on_its_diagram_and_history(
     expect(page.locator("#timeline tr.wf-selected")).to_have_count(1)
     expect(diagram_step(page, "await_payment")).to_have_class(re.compile(r"\bcurrent\b"))
     expect(diagram_step(page, "ship")).not_to_have_class(re.compile(r"\bvisited\b"))
-    page.camera.shot("instance-history-entry", guide="history")
+    page.camera.shot("instance-history-entry", guide="history", focus=".wf-columns")
 
 
 def test_an_operator_completes_a_task_through_its_form_and_the_instance_moves_on(
