@@ -279,6 +279,13 @@ class NoCountPaginator(Paginator):
 class NoCountChangeList(ChangeList):
     """A changelist whose pager links the previous and next page only (see NoCountPaginator)."""
 
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        paginator = self.paginator
+        if isinstance(paginator, NoCountPaginator) and paginator.count:
+            # the rows read to decide the paging are the page: no second query
+            self.result_list = paginator.page(paginator.page_number).object_list
+
     @property
     def previous_url(self) -> str | None:
         return self.get_query_string({PAGE_VAR: self.page_num - 1}) if self.page_num > 1 else None
