@@ -475,3 +475,39 @@ def test_bulk_actions_are_offered_only_to_users_with_the_permission(viewer, oper
     assert response.status_code == 200  # vic has no actions: the post is just the list again
     assert table_counts() == before
     assert wf.get(instance).status == "WAITING"
+
+
+# -- the buttons on the instance page and the lists -----------------------------------
+
+
+def test_the_instance_page_shows_the_action_buttons_to_users_who_may_act(admin_client, viewer):
+    instance = waiting_order()
+    page = admin_client.get(instance_page(instance))
+    assert page.status_code == 200
+    for name in ("signal", "retry", "cancel"):
+        assert f'href="{action_url(name, instance)}"' in page.text
+    shown = viewer.get(instance_page(instance))
+    assert shown.status_code == 200
+    assert action_url("cancel", instance) not in shown.text
+    assert "need the permission “change workflow instance”" in shown.text
+    ended = completed_order()
+    assert action_url("cancel", ended) not in admin_client.get(instance_page(ended)).text
+
+
+def test_an_open_tasks_decide_and_reassign_links_are_on_its_instance_and_task_pages(admin_client):
+    ref = wf.start("review", {"manager": "ann"}, idempotency_key="r-1")
+    run_until_idle()
+    [task] = wf.tasks(assignee="ann").items
+    decide = reverse("admin:vertique_workflow_workflowtask_complete", args=[task.id])
+    reassign = reverse("admin:vertique_workflow_workflowtask_reassign", args=[task.id])
+    page = admin_client.get(instance_page(ref.id)).text
+    assert decide in page and reassign in page
+    task_page = admin_client.get(
+        reverse("admin:vertique_workflow_workflowtask_change", args=[task.id])
+    ).text
+    assert decide in task_page and reassign in task_page
+    inbox = reverse("admin:vertique_workflow_workflowtask_inbox")
+    assert inbox in admin_client.get(changelist()).text
+    assert (
+        inbox in admin_client.get(reverse("admin:vertique_workflow_workflowtask_changelist")).text
+    )

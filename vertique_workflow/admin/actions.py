@@ -38,6 +38,7 @@ from django.contrib.admin import helpers
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
@@ -579,17 +580,92 @@ class InstanceActions:
         ]
 
 
+def workflow_actions(request: HttpRequest, obj: WorkflowInstance | None) -> str:
+    """The action buttons of an instance's page (the slot the read side leaves).
+
+    On the list (``obj`` None): a link to the task inbox (the bulk actions
+    are in the list's action menu). Costs one query (the instance's open
+    tasks) whatever the history length.
+    """
+    if obj is None:
+        return render_to_string(
+            f"{TEMPLATES}/list_links.html",
+            {"inbox_url": admin_url(WorkflowTask, "inbox")},
+            request=request,
+        )
+    return render_to_string(
+        f"{TEMPLATES}/instance_buttons.html",
+        {
+            "links": instance_action_links(request, obj),
+            "tasks": open_task_links(request, obj.pk),
+            "may_act": may_act_on_instances(request.user),
+            "ended": obj.status in instance_rows.ENDED,
+        },
+        request=request,
+    )
+
+
 def instance_action_links(request: HttpRequest, instance: Any) -> list[tuple[str, str]]:
-    """The (label, url) of the actions this user may take on ``instance`` (for its page)."""
-    if not may_act_on_instances(request.user):
+    """The (label, url) of the actions this user may take on ``instance`` (for its page).
+
+    Retry is offered on every instance that has not ended: its page lists the
+    failed branches and the operation explains a refusal (nothing to retry).
+    """
+    if not may_act_on_instances(request.user) or instance.status in instance_rows.ENDED:
         return []
-    status = instance.status
-    ended = status in instance_rows.ENDED
+    return [
+        ("Send a signal", admin_url(WorkflowInstance, "signal", instance.pk)),
+        ("Retry", admin_url(WorkflowInstance, "retry", instance.pk)),
+        ("Cancel", admin_url(WorkflowInstance, "cancel", instance.pk)),
+    ]
+
+
+OPEN_TASK_LINKS = 10
+
+
+def task_view_of(row: WorkflowTask) -> ops.TaskView:
+    """The ``TaskView`` of an ORM task row (for ``can_complete``, without another read)."""
+    candidates = row.candidates_json if isinstance(row.candidates_json, dict) else {}
+    snapshot = row.decisions_snapshot_json if isinstance(row.decisions_snapshot_json, dict) else {}
+    return ops.TaskView(
+        id=row.id,
+        instance_id=row.workflow_id,
+        step_id=row.step_id,
+        name=row.name,
+        status=row.status,
+        assignee=row.assignee,
+        candidate_users=tuple(candidates.get("users") or ()),
+        candidate_groups=tuple(candidates.get("groups") or ()),
+        decisions=tuple(snapshot),
+        decision=row.decision,
+        result=row.result_json,
+        due_at=row.due_at,
+        scope=row.scope_key,
+        definition_id=None,
+        version=row.version,
+        reservation_command_id=row.reservation_command_id,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        completed_at=row.completed_at,
+    )
+
+
+def open_task_links(request: HttpRequest, instance_id: Any) -> list[dict[str, Any]]:
+    """The instance's OPEN tasks this user may act on, with their decide / reassign links."""
+    rows = WorkflowTask.objects.filter(workflow_id=instance_id, status="OPEN").order_by(
+        "created_at"
+    )[:OPEN_TASK_LINKS]
     links = []
-    if not ended:
-        links.append(("Send a signal", admin_url(WorkflowInstance, "signal", instance.id)))
-        links.append(("Retry", admin_url(WorkflowInstance, "retry", instance.id)))
-        links.append(("Cancel", admin_url(WorkflowInstance, "cancel", instance.id)))
+    for row in rows:
+        if not ops.can_complete(request.user, task_view_of(row)):
+            continue
+        links.append(
+            {
+                "name": row.name,
+                "decide": admin_url(WorkflowTask, "complete", row.id),
+                "reassign": admin_url(WorkflowTask, "reassign", row.id),
+            }
+        )
     return links
 
 
@@ -754,6 +830,25 @@ def reassign_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_id
 class TaskActions:
     """Mixin of the tasks' ModelAdmin: the decision and reassignment pages, and the inbox."""
 
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        links = render_to_string(
+            f"{TEMPLATES}/list_links.html",
+            {"inbox_url": admin_url(WorkflowTask, "inbox")},
+            request=request,
+        )
+        context = {"workflow_actions": links, **(extra_context or {})}
+        return super().changelist_view(request, extra_context=context)  # type: ignore[misc]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        found = WorkflowTask.objects.filter(pk=object_id) if _is_uuid(object_id) else None
+        row = None if found is None else found.first()
+        links = [] if row is None else task_action_links(request, task_view_of(row))
+        context = {"workflow_task_links": links, **(extra_context or {})}
+        parent = super()
+        return parent.change_view(request, object_id, form_url, extra_context=context)  # type: ignore[misc]
+
     def get_urls(self) -> list[URLPattern]:
         from .inbox import inbox_view
 
@@ -779,6 +874,14 @@ class TaskActions:
             ),
             *super().get_urls(),  # type: ignore[misc]
         ]
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
 
 
 def task_action_links(request: HttpRequest, task: Any) -> list[tuple[str, str]]:

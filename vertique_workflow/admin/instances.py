@@ -43,6 +43,7 @@ from ..models import (
     WorkflowTimer,
 )
 from ..operations import state_at
+from . import actions
 from .actions import InstanceActions
 from .common import (
     NoCountChangeList,
@@ -385,8 +386,8 @@ class WorkflowInstanceAdmin(InstanceActions, ReadOnlyAdmin):
     # -- the page ---------------------------------------------------------------------
 
     def workflow_actions(self, request: HttpRequest, obj: WorkflowInstance | None) -> str:
-        """HTML of the actions on an instance's page or the list (``obj`` None); none here."""
-        return ""
+        """HTML of the actions on an instance's page or the list (``obj`` None): see .actions."""
+        return actions.workflow_actions(request, obj)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         context = {
