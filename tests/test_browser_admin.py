@@ -125,11 +125,6 @@ def instance_url(instance_id: Any) -> str:
     return reverse("admin:vertique_workflow_workflowinstance_change", args=[instance_id])
 
 
-def action_url(instance_id: Any, action: str) -> str:
-    """An instance action's page (``cancel``, ``retry``, ``signal``)."""
-    return reverse(f"admin:vertique_workflow_workflowinstance_{action}", args=[instance_id])
-
-
 def diagram_step(page: Any, step: str) -> Any:
     """The diagram's box of ``step`` (the SVG's ``<g class="step ..." data-step=...>``)."""
     return page.locator(f'#diagram svg g.step[data-step="{step}"]')
@@ -227,8 +222,7 @@ def test_an_operator_sends_a_signal_and_the_executor_applies_it(page: Any, opera
     log_in(page)
     page.goto(instance_url(ref.id))
 
-    # the action pages by their URLs: the instance page does not link them yet (see the guide)
-    page.goto(action_url(ref.id, "signal"))
+    page.locator("#workflow-actions").get_by_role("link", name="Send a signal").click()
     page.get_by_label("Signal").select_option("paid")
     page.get_by_label("Payload (JSON)").fill('{"amount_paid": 7}')
     page.get_by_label("Reason for the record").fill("the bank confirmed by phone")
@@ -267,7 +261,7 @@ def test_an_operator_retries_a_failed_instance_once_the_cause_is_fixed(
     page.camera.shot("failed-instance")
 
     Gate.non_retryable = False  # the cause is fixed
-    page.goto(action_url(ref.id, "retry"))
+    page.locator("#workflow-actions").get_by_role("link", name="Retry").click()
     page.get_by_label("Reason for the record").fill("carrier contract renewed")
     page.camera.shot("retry-form", guide="retry")
     page.locator("#content-main input[type=submit].default").click()
