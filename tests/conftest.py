@@ -225,3 +225,20 @@ def in_threads(*targets: Callable[[], Any], raise_errors: bool = True) -> list[A
             if isinstance(result, BaseException):
                 raise result
     return results
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``VERTIQUE_TEST_BROWSER=0`` skips the browser tests, with that reason.
+
+    ``./scripts/test`` sets it for its PostgreSQL 15 stage: the browser tests
+    look at pages, which do not change with the server, and already ran
+    against PostgreSQL 18.
+    """
+    if os.environ.get("VERTIQUE_TEST_BROWSER", "") != "0":
+        return
+    skip = pytest.mark.skip(
+        reason="VERTIQUE_TEST_BROWSER=0: the browser tests run in another stage"
+    )
+    for item in items:
+        if item.get_closest_marker("browser"):
+            item.add_marker(skip)

@@ -22,6 +22,8 @@ INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # the admin's CSS in the browser tests' screenshots (the live server serves it)
+    "django.contrib.staticfiles",
     "pgtrigger",
     "vertique_workflow",
     "tests.flows.apps.FlowsConfig",
@@ -45,6 +47,7 @@ TEMPLATES = [
     }
 ]
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
 DATABASES = {"default": database_settings()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -67,7 +67,15 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# the demo has no login page of its own: deciding an expense sends you to the admin's
+LOGIN_URL = "admin:login"
 
-# Every key and its default: docs/settings.md. {} keeps all defaults
-# (unqualified table names, the "default" database).
-VERTIQUE_WORKFLOW: dict[str, object] = {}
+# Every key and its default: docs/settings.md. The demo keeps the default
+# placement (unqualified table names, the "default" database) but gives up on a
+# failing step after 3 quick attempts (the defaults: 10 attempts over minutes),
+# so a dead letter shows at once.
+VERTIQUE_WORKFLOW: dict[str, object] = {
+    "MAX_ATTEMPTS": 3,
+    "BACKOFF_BASE_MS": 100,
+    "BACKOFF_MAX_MS": 500,
+}

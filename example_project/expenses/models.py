@@ -18,3 +18,19 @@ class Payment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount} to {self.paid_to} ({self.description})"
+
+
+class BankOutage(models.Model):
+    """The demo's repairable failure: the bank refuses payments to this payee.
+
+    While a row names an expense's submitter, its ``pay`` step raises (a
+    retryable error): the step spends its attempts and the command is
+    dead-lettered. Deleting the row in the admin fixes the cause; a retry of
+    the instance then pays. ``./scripts/demo`` seeds one for "mallory".
+    """
+
+    payee = models.CharField(max_length=255, unique=True)
+    note = models.CharField(max_length=255, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"bank refuses payments to {self.payee}"

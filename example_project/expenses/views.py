@@ -25,17 +25,27 @@ from vertique_workflow.models import WorkflowInstance, WorkflowTask
 
 from .forms import ApproveForm, ExpenseFormV2, ReceiptForm, RejectForm
 from .models import Payment
-from .pages import ACTIVE_TASK, instance_of, open_task
+from .pages import ACTIVE_TASK, in_flight, instance_of, may_decide_expense, open_task
 
 DEFINITION_ID = "expense-approval"
 DECISIONS = {"approve": "approved", "reject": "rejected"}
 BUTTONS = [("approve", "Approve"), ("reject", "Reject")]
 IN_FLIGHT = {"PENDING", "RUNNING"}  # the detail page reloads itself meanwhile
 RECEIPT_STEP = "receipt"  # version 2's wait for the "receipt" signal
+# who decides a version-1 expense (no task: no task rule): a finance member or a
+# holder of the task permission (a supervisor, e.g. the demo's admin)
+V1_DECIDERS_GROUP = "finance"
 
 
 def _actor_name(request: HttpRequest) -> str:
     return request.user.get_username() if request.user.is_authenticated else "demo-manager"
+
+
+def _may_decide_v1(user: Any) -> bool:
+    return user.is_authenticated and (
+        user.has_perm("vertique_workflow.change_workflowtask")
+        or user.groups.filter(name=V1_DECIDERS_GROUP).exists()
+    )
 
 
 def index(request: HttpRequest) -> HttpResponse:
@@ -69,15 +79,19 @@ def index(request: HttpRequest) -> HttpResponse:
             else:
                 messages.info(request, f"Already submitted as instance {ref.id} (same form).")
             return redirect("expenses:index")
-    instances = WorkflowInstance.objects.filter(definition_id=DEFINITION_ID).order_by(
-        "-created_at"
-    )[:50]
+    instances = list(
+        WorkflowInstance.objects.filter(definition_id=DEFINITION_ID).order_by("-created_at")[:50]
+    )
+    busy = in_flight([i.id for i in instances])
     return render(
         request,
         "expenses/index.html",
         {
             "form": form,
             "instances": instances,
+            "busy": busy,
+            "refresh": bool(busy),
+            "may_decide_v1": _may_decide_v1(request.user),
             "payments": Payment.objects.all()[:10],
             "decisions": BUTTONS,
         },
@@ -92,8 +106,18 @@ def _render_detail(
     request: HttpRequest, instance: wf.InstanceView, status: int = 200, **bound: forms.Form
 ) -> HttpResponse:
     task = open_task(instance.id)
-    may_decide = task is not None and task.status == "OPEN" and wf.can_complete(request.user, task)
-    waits_for_receipt = instance.status == "WAITING" and instance.current_step == RECEIPT_STEP
+    processing = instance.id in in_flight([instance.id])
+    refused = may_decide_expense(request.user, instance)
+    may_decide = (
+        task is not None
+        and task.status == "OPEN"
+        and not processing
+        and refused is None
+        and wf.can_complete(request.user, task)
+    )
+    waits_for_receipt = (
+        instance.status == "WAITING" and instance.current_step == RECEIPT_STEP and not processing
+    )
     return render(
         request,
         "expenses/detail.html",
@@ -101,7 +125,13 @@ def _render_detail(
             "instance": instance,
             "history": wf.history_of(instance.id),
             "decisions": BUTTONS if instance.definition_version == 1 else [],
-            "refresh": instance.status in IN_FLIGHT or (task is not None and task.status != "OPEN"),
+            "busy": {instance.id} if processing else set(),
+            "processing": processing,
+            "refresh": processing
+            or instance.status in IN_FLIGHT
+            or (task is not None and task.status != "OPEN"),
+            "refused": refused,
+            "may_decide_v1": refused is None and _may_decide_v1(request.user),
             "task": task,
             "tasks": WorkflowTask.objects.filter(workflow_id=instance.id).order_by("created_at"),
             "may_decide": may_decide,
@@ -145,6 +175,10 @@ def complete(
         return _render_detail(request, instance, **{name: form})
     if not wf.can_complete(request.user, task):
         form.add_error(None, "You may not decide this task.")
+        return _render_detail(request, instance, status=403, **{name: form})
+    refused = may_decide_expense(request.user, instance)
+    if refused is not None:
+        form.add_error(None, refused)
         return _render_detail(request, instance, status=403, **{name: form})
     by = request.user.get_username()
     payload: dict[str, Any] = {"approved_by": by}
@@ -245,9 +279,25 @@ def my_tasks(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 def decide(request: HttpRequest, instance_id: uuid.UUID, decision: str) -> HttpResponse:
+    """Decide a version-1 expense: its "approve" / "reject" signal.
+
+    Only a logged-in decider (``_may_decide_v1``) who did not submit it;
+    anyone else is refused with a message and nothing is recorded.
+    """
     if decision not in DECISIONS:
         raise Http404("unknown decision")
-    by = _actor_name(request)
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    instance = _instance(instance_id)
+    refused = may_decide_expense(request.user, instance)
+    if refused is None and not _may_decide_v1(request.user):
+        refused = f"Only the group {V1_DECIDERS_GROUP!r} or a supervisor decides expenses."
+    if refused is not None:
+        messages.error(request, f"Refused: {refused}")
+        if request.POST.get("next") == "detail":
+            return redirect("expenses:detail", instance_id=instance_id)
+        return redirect("expenses:index")
+    by = request.user.get_username()
     try:
         with transaction.atomic():
             receipt = wf.signal(

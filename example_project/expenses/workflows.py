@@ -45,7 +45,7 @@ from vertique_workflow.definitions import (
 )
 from vertique_workflow.exceptions import NonRetryable
 
-from .models import Payment
+from .models import BankOutage, Payment
 
 APPROVAL_LIMIT = 100  # amounts below this are paid without an approval
 
@@ -222,6 +222,10 @@ class ExpenseApprovalV2(Workflow[Expense]):
 
     @action(next="done")
     def pay(self, state: Expense, ctx: StepContext) -> Expense:
+        # the demo's repairable failure: a retryable error while an outage names
+        # the payee (the command is dead-lettered; delete the outage, then retry)
+        if BankOutage.objects.filter(payee=state.submitted_by).exists():
+            raise ConnectionError(f"the bank refuses payments to {state.submitted_by}")
         # same transaction as the step: a retried segment never pays twice
         Payment.objects.get_or_create(
             instance_id=ctx.instance_id,

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
-from expenses.pages import instance_of, open_task
+from expenses.pages import in_flight, instance_of, open_task
 
 import vertique_workflow as wf
 from vertique_workflow.models import WorkflowInstance
@@ -105,12 +105,21 @@ def _render_detail(
 ) -> HttpResponse:
     branches = wf.branches(instance.id)
     task = open_task(instance.id)
-    may_review = task is not None and task.status == "OPEN" and wf.can_complete(request.user, task)
-    awaits_payment = any(
+    # a recorded signal or decision not applied yet: no forms, "processing", reload
+    processing = instance.id in in_flight([instance.id])
+    may_review = (
+        task is not None
+        and task.status == "OPEN"
+        and not processing
+        and wf.can_complete(request.user, task)
+    )
+    awaits_payment = not processing and any(
         b.branch_id == "payment" and b.status == "WAITING" and b.current_step == "await_payment"
         for b in branches
     )
-    awaits_shipping = instance.status == "WAITING" and instance.current_step == "shipping"
+    awaits_shipping = (
+        not processing and instance.status == "WAITING" and instance.current_step == "shipping"
+    )
     return render(
         request,
         "orders/detail.html",
@@ -118,7 +127,10 @@ def _render_detail(
             "instance": instance,
             "branches": branches,
             "history": wf.history_of(instance.id),
-            "refresh": instance.status in IN_FLIGHT or (task is not None and task.status != "OPEN"),
+            "processing": processing,
+            "refresh": processing
+            or instance.status in IN_FLIGHT
+            or (task is not None and task.status != "OPEN"),
             "task": task,
             "may_review": may_review,
             "review_form": bound.get("review_form") or (ReviewForm() if may_review else None),
