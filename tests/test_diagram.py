@@ -445,6 +445,24 @@ def test_branch_tokens_are_current_with_badges_at_their_steps():
 
 
 @db
+def test_the_marks_of_every_past_moment_follow_the_rule_of_marks_from_history():
+    """The store's per-step aggregate gives what the rule over every entry gives."""
+    ref = wf.start("nested", {}, idempotency_key="diagram-3")
+    run_until_idle()
+    for fork_step, branch in (("inner", "q"), ("outer", "y")):
+        wf.signal(ref.id, "go", None, dedup_key=f"go-{branch}", branch=(fork_step, branch))
+        run_until_idle()
+    assert wf.get(ref.id).status == "COMPLETED"
+    plan = instance_marks(ref.id)[0]
+    entries = wf.history_of(ref.id)
+    assert any(e["event_type"] == "BRANCH_DECISION" for e in entries)
+    for entry in entries:
+        sequence = entry["sequence"]
+        _, then = instance_marks(ref.id, upto_sequence=sequence)
+        assert then == marks_from_history(plan, entries, sequence), f"after entry {sequence}"
+
+
+@db
 def test_instance_marks_refuses_an_unknown_instance():
     with pytest.raises(WorkflowNotFound):
         instance_marks("00000000-0000-0000-0000-000000000000")

@@ -1,8 +1,9 @@
 """Where an instance stands on its diagram: current and visited steps, branch tokens.
 
-Read through the public operations only (``get``, ``history_of``,
-``branches``) and the pin's plan (``pins.resident_plan``), so the picture
-shows exactly what the rest of the API reports.
+Read through the public operations (``get``, ``branches``), the pin's plan
+(``pins.resident_plan``) and one aggregate of the history
+(``store.history.step_marks``: a few rows per step and token, so a
+100,000-entry history costs what a short one does).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..definitions.plan import Plan
+from ..store import history
 
 __all__ = ["BranchMark", "Marks", "instance_marks", "marks_from_history"]
 
@@ -123,10 +125,10 @@ def instance_marks(instance_id: Any, *, upto_sequence: int | None = None) -> tup
             f"this node has no plan for workflow {view.definition_id!r} version "
             f"{view.definition_version} (scope {scope!r})"
         )
-    entries = operations.history_of(view.id)
+    found = history.step_marks(view.id, sorted(_STEP_ENTRIES), upto_sequence)
     if upto_sequence is not None:
-        return plan, marks_from_history(plan, entries, upto_sequence)
-    visited = {step for step in map(_entry_step, entries) if step in plan.steps}
+        return plan, _marks_then(plan, found)
+    visited = frozenset(m.step_id for m in found if m.step_id in plan.steps)
     current = set()
     if view.current_step in plan.steps:
         current.add(view.current_step)
@@ -137,4 +139,33 @@ def instance_marks(instance_id: Any, *, upto_sequence: int | None = None) -> tup
         badges.append(BranchMark(branch.current_step, branch.branch_id, branch.status))
         if branch.status in LIVE_STATUSES:
             current.add(branch.current_step)
-    return plan, Marks(frozenset(current), frozenset(visited), tuple(badges))
+    return plan, Marks(frozenset(current), visited, tuple(badges))
+
+
+def _marks_then(plan: Plan, found: Iterable[history.StepMark]) -> Marks:
+    """:func:`marks_from_history`'s rule over the store's per-step aggregates.
+
+    The same answer from a few rows instead of every entry: visited is every
+    step named; current the step of the own token's latest entry; each
+    token's badge the step (and outcome) of its latest entry, badges in the
+    order tokens first appear.
+    """
+    known = [m for m in found if m.step_id in plan.steps]
+    own = [m for m in known if not m.branch]
+    current = max(own, key=lambda m: m.last_sequence).step_id if own else None
+    latest: dict[str, history.StepMark] = {}
+    first: dict[str, int] = {}
+    for mark in (m for m in known if m.branch):
+        token = mark.token or ""
+        first[token] = min(first.get(token, mark.first_sequence), mark.first_sequence)
+        if token not in latest or mark.last_sequence > latest[token].last_sequence:
+            latest[token] = mark
+    badges = tuple(
+        BranchMark(latest[t].step_id, latest[t].branch_id or "?", latest[t].last_outcome)
+        for t in sorted(latest, key=lambda t: first[t])
+    )
+    return Marks(
+        current=frozenset() if current is None else frozenset({current}),
+        visited=frozenset(m.step_id for m in known),
+        branches=badges,
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..engine.decision_log import HistoryEntry
@@ -101,6 +102,26 @@ FROM {T["history"]} WHERE workflow_id = %s ORDER BY sequence
 """
 
 
+# Where the steps an instance took are, for its diagram: per step (and per
+# branch token for BRANCH_DECISION entries) the first and last sequence and the
+# outcome of the last -- a few rows whatever the history's length.
+STEP_MARKS = f"""
+SELECT e.event_type = 'BRANCH_DECISION',
+       COALESCE(e.step_id, e.payload_json ->> 'step'),
+       CASE WHEN e.event_type = 'BRANCH_DECISION'
+            THEN COALESCE(e.payload_json ->> 'tokenId', e.payload_json ->> 'branchId', '') END,
+       CASE WHEN e.event_type = 'BRANCH_DECISION'
+            THEN COALESCE(e.payload_json ->> 'branchId', '?') END,
+       min(e.sequence), max(e.sequence),
+       (array_agg(COALESCE(e.outcome, e.payload_json ->> 'outcome', '')
+                  ORDER BY e.sequence DESC))[1]
+FROM {T["history"]} e
+WHERE e.workflow_id = %(wf)s AND e.event_type = ANY(%(types)s)
+  AND (%(upto)s::bigint IS NULL OR e.sequence <= %(upto)s::bigint)
+  AND COALESCE(e.step_id, e.payload_json ->> 'step') IS NOT NULL
+GROUP BY 1, 2, 3, 4
+"""
+
 LAST_FAILURE = f"""
 SELECT payload_json ->> 'reason', created_at, COALESCE((payload_json ->> 'commandId')::bigint,
        command_id)
@@ -184,6 +205,29 @@ def decision_log(workflow_id: Any, up_to_sequence: int) -> list[tuple[str, Any, 
         (row[1], db.load_json(row[2]), db.load_json(row[3]))
         for row in db.fetchall(DECISION_LOG, (workflow_id, up_to_sequence))
     ]
+
+
+@dataclass(frozen=True)
+class StepMark:
+    """One step an instance's entries name: by its own token, or by a branch token."""
+
+    branch: bool
+    step_id: str
+    token: str | None
+    branch_id: str | None
+    first_sequence: int
+    last_sequence: int
+    last_outcome: str
+
+
+def step_marks(
+    workflow_id: Any, event_types: Sequence[str], upto_sequence: int | None = None
+) -> list[StepMark]:
+    """The steps entries of ``event_types`` name (up to a sequence), aggregated per step/token."""
+    rows = db.fetchall(
+        STEP_MARKS, {"wf": workflow_id, "types": list(event_types), "upto": upto_sequence}
+    )
+    return [StepMark(bool(r[0]), r[1], r[2], r[3], int(r[4]), int(r[5]), r[6] or "") for r in rows]
 
 
 def entries(workflow_id: Any) -> list[dict[str, Any]]:
