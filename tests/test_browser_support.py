@@ -22,9 +22,20 @@ pytestmark = pytest.mark.slow
 
 
 def run_browser_tests(dbname: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = dict(os.environ, DATABASE_URL=database_url(dbname), **env)
-    for name in ("PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PYTEST_ADDOPTS"):
+    # the stage's own switches (the PostgreSQL 15 stage sets VERTIQUE_TEST_BROWSER=0)
+    # must not decide which reason the inner run gives: only ``env`` does
+    environment = dict(os.environ, DATABASE_URL=database_url(dbname))
+    for name in (
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGDATABASE",
+        "PYTEST_ADDOPTS",
+        "VERTIQUE_TEST_BROWSER",
+        "VERTIQUE_CHROMIUM",
+    ):
         environment.pop(name, None)
+    environment.update(env)
     return subprocess.run(
         [
             sys.executable,

@@ -473,6 +473,7 @@ def test_instance_marks_refuses_an_unknown_instance():
 # -- manage.py workflow_diagram ----------------------------------------------------------
 
 
+@pytest.mark.slow  # manage.py processes (not run in the schema env)
 @db
 def test_the_command_writes_the_definition_and_an_instance_picture():
     ref = wf.start("order", {"amount": 5}, idempotency_key="diagram-3")
