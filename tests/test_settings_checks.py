@@ -44,7 +44,9 @@ def test_non_string_schema_is_refused():
 
 def test_valid_schema_qualifies_every_table():
     names = tables.sql_names("workflow_data")
-    assert len(names) == 11
+    assert len(tables.ALL_TABLES) == 11, "the eleven reference tables"
+    assert len(names) == 11 + len(tables.SIDE_EFFECT_TABLES)
+    assert names["service_outbox"] == '"workflow_data"."workflow_service_outbox"'
     assert names["commands"] == '"workflow_data"."workflow_commands"'
     assert tables.sql_names(None)["instances"] == "workflow_instances"
 
@@ -123,6 +125,9 @@ BAD_INTEGERS = [
     ("SHUTDOWN_GRACE_SECONDS", 2.5, "is a float, not an int", "from 0 to 2147483647"),
     ("PUBLICATION_CLAIM_TIMEOUT_SECONDS", 0, "is 0", "from 1 to 2147483647"),
     ("DOCUMENT_INPUT_LIMIT", 0, "is 0", "from 1 to 2147483647"),
+    ("RELAY_BATCH", 0, "is 0", "from 1 to 2147483647"),
+    ("RELAY_CONCURRENCY", "2", "is a str, not an int", "from 1 to 2147483647"),
+    ("RELAY_LEASE_MARGIN_SECONDS", 0, "is 0", "from 1 to 2147483647"),
 ]
 
 

@@ -73,6 +73,42 @@ def check_integer_settings() -> list[checks.CheckMessage]:
     return errors
 
 
+@checks.register(checks.Tags.compatibility)
+def check_service_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every ``service`` step of a registered plan names a handler this process can call.
+
+    An unregistered name would leave every call of that step failing in the
+    relay; it is refused at startup instead (``vertique_workflow.E020``),
+    naming the workflow, the version, the step and the handler. Recorder
+    paths that cannot be imported are ``E021``.
+    """
+    from .definitions import catalog
+    from .side_effects import installed_recorders
+    from .side_effects.handlers import handler_names
+
+    errors: list[checks.CheckMessage] = []
+    try:
+        installed_recorders()
+    except ImproperlyConfigured as exc:
+        errors.append(checks.Error(str(exc), id="vertique_workflow.E021"))
+    known = handler_names()
+    for plan in catalog.all():
+        for step in plan.steps.values():
+            spec = step.service
+            if spec is not None and spec.handler not in known:
+                errors.append(
+                    checks.Error(
+                        f"workflow {plan.id!r} v{plan.version} step {step.id!r} names the "
+                        f"service handler {spec.handler!r}, which is not registered.",
+                        hint="Register it with @vertique_workflow.service_handler(name) in a "
+                        "module Django imports, or list it in "
+                        "VERTIQUE_WORKFLOW['SERVICE_HANDLERS'].",
+                        id="vertique_workflow.E020",
+                    )
+                )
+    return errors
+
+
 @checks.register(checks.Tags.database)
 def check_stranded_instances(
     app_configs: Any = None, databases: Any = None, **kwargs: Any

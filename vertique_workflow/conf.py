@@ -129,7 +129,22 @@ DEFAULTS: dict[str, Default] = {
     ),
     "REDACTED_FIELDS": Default((), "State/payload keys kept out of every history column."),
     "DURABLE_CONTEXT": Default((), "Dotted paths of contextvars carried to the executor."),
-    "RECORDERS": Default((), "Dotted paths of side-effect recorders run in the segment."),
+    "RECORDERS": Default(
+        ("vertique_workflow.side_effects.outbox.ServiceOutboxRecorder",),
+        "Dotted paths of side-effect recorder classes run in the segment (one per kind).",
+    ),
+    "SERVICE_HANDLERS": Default(
+        {}, "Service handler names mapped to dotted paths (besides @service_handler)."
+    ),
+    "RELAY_BATCH": Default(10, "Dispatches one relay claim takes at most.", minimum=1),
+    "RELAY_CONCURRENCY": Default(
+        2, "Handler calls the relay of workflow_executor/workflow_relay makes at once.", minimum=1
+    ),
+    "RELAY_LEASE_MARGIN_SECONDS": Default(
+        30,
+        "Lease of a claimed dispatch beyond its step's timeout (then another relay may take it).",
+        minimum=1,
+    ),
     "EXECUTOR_ENABLED": Default(True, "False: this node only records (writes no CODE rows)."),
     "EXECUTOR_CONCURRENCY": Default(4, "Worker threads of manage.py workflow_executor.", minimum=1),
     "SHUTDOWN_GRACE_SECONDS": Default(

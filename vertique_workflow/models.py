@@ -530,3 +530,126 @@ class WorkflowCommandQueue(models.Model):
 
     def __str__(self) -> str:
         return f"queue of {self.workflow_id} (next {self.next_seq})"
+
+
+class ServiceCallState(models.TextChoices):
+    """States of a service outbox row (``workflow_service_outbox.state``)."""
+
+    PENDING = "PENDING"  # waiting for a relay (first call or a retry's backoff)
+    CLAIMED = "CLAIMED"  # a relay holds the lease and is calling the handler
+    DELIVERED = "DELIVERED"  # the outcome was recorded on the instance as a signal
+    CANCELLED = "CANCELLED"  # the instance ended before the call was delivered
+
+
+class WorkflowServiceCall(models.Model):
+    """One dispatch of a ``service`` step: the outbox row the segment recorded.
+
+    Written in the segment's transaction (so a rolled-back segment leaves
+    none), claimed by a relay with ``SKIP LOCKED``, delivered back to the
+    instance as a deduplicated signal whose dedup key is ``dispatch_key``.
+    The retry policy is copied from the plan, so a relay needs the handler,
+    never the plan.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    workflow_id = models.UUIDField()
+    command_id = models.BigIntegerField(null=True, blank=True)
+    step_id = models.CharField(max_length=255)
+    branch_token_id = models.UUIDField(null=True, blank=True)
+    fork_step_id = models.CharField(max_length=255, null=True, blank=True)
+    branch_id = models.CharField(max_length=255, null=True, blank=True)
+    dispatch_key = models.CharField(max_length=512)
+    handler = models.CharField(max_length=255)
+    request_json = models.JSONField(null=True, blank=True)
+    policy_json = models.JSONField(db_default={})
+    state = models.CharField(max_length=16, db_default=ServiceCallState.PENDING)
+    attempts = models.IntegerField(db_default=0)
+    claim_token = models.UUIDField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=255, null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    available_at = models.DateTimeField(db_default=Now())
+    last_error = models.TextField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, null=True, blank=True)
+    context_json = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = tables.qualified(tables.SERVICE_OUTBOX)
+        verbose_name = "workflow service call"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workflow_id", "dispatch_key"], name="wf_svc_dispatch_key_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in ServiceCallState]),
+                name="wf_svc_state_check",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["available_at"],
+                name="wf_svc_pending_avail_idx",
+                condition=Q(state="PENDING"),
+            ),
+            models.Index(
+                fields=["lease_until"],
+                name="wf_svc_claimed_lease_idx",
+                condition=Q(state="CLAIMED"),
+            ),
+            models.Index(fields=["workflow_id"], name="wf_svc_workflow_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.handler} for {self.workflow_id} ({self.state})"
+
+
+class WorkflowEvent(models.Model):
+    """One workflow event for external consumers (the events recorder's outbox).
+
+    ``txid`` is the recording transaction's id (``pg_current_xact_id()``):
+    consumers read in ``(txid, id)`` order and only below the oldest running
+    transaction, so an event committed late is never skipped by a cursor
+    that moved past a newer one.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    txid = models.BigIntegerField()
+    workflow_id = models.UUIDField()
+    event_type = models.CharField(max_length=64)
+    step_id = models.CharField(max_length=255, null=True, blank=True)
+    fork_step_id = models.CharField(max_length=255, null=True, blank=True)
+    branch_id = models.CharField(max_length=255, null=True, blank=True)
+    command_id = models.BigIntegerField(null=True, blank=True)
+    definition_id = models.CharField(max_length=255)
+    definition_version = models.IntegerField()
+    data_json = models.JSONField(db_default={})
+    recorded_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = tables.qualified(tables.EVENTS)
+        verbose_name = "workflow event"
+        indexes = [
+            models.Index(fields=["txid", "id"], name="wf_event_txid_id_idx"),
+            models.Index(fields=["workflow_id", "id"], name="wf_event_workflow_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} of {self.workflow_id}"
+
+
+class WorkflowEventConsumer(models.Model):
+    """A named consumer's acknowledged position in ``workflow_events``."""
+
+    consumer = models.CharField(max_length=255, primary_key=True)
+    last_txid = models.BigIntegerField(db_default=0)
+    last_id = models.BigIntegerField(db_default=0)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = tables.qualified(tables.EVENT_CONSUMERS)
+        verbose_name = "workflow event consumer"
+
+    def __str__(self) -> str:
+        return f"{self.consumer} at ({self.last_txid}, {self.last_id})"

@@ -285,11 +285,11 @@ def signal(
     the command's ``explicit_carrier_json`` and, like the captured context,
     is not part of the dedup fingerprint.
     """
-    from .engine.events import CHILD_ENDED
+    from .engine.events import RESERVED_SIGNALS
 
-    if name == CHILD_ENDED:
+    if name in RESERVED_SIGNALS:
         raise WorkflowValidationError(
-            f"signal name {CHILD_ENDED!r} is reserved for child workflows"
+            f"signal name {name!r} is reserved (child workflows and service results)"
         )
     workflow_id = _uuid(instance_id)
     _require_key(name, "signal name")
@@ -1092,6 +1092,61 @@ def notify_parent(child: Any, status: str, state: Any, error_type: str | None) -
     )
 
 
+def record_service_result(
+    call: Any, status: str, result: Any, error: str | None, attempts: int
+) -> bool:
+    """Record a service call's outcome on its instance as a deduplicated signal (the relay).
+
+    Runs in the relay's delivery transaction: under the instance's execution
+    lock, a SIGNAL command of the reserved name ``vertique.service_result``
+    addressed to the service step (and its branch), its dedup key the
+    dispatch key -- so a result delivered twice (a relay that died after
+    recording, a duplicate from a task backend) is recorded once. Returns
+    False when nothing was recorded: a duplicate, or an instance that has
+    ended (the call is cancelled then).
+    """
+    from .engine.events import SERVICE_RESULT
+
+    workflow_id = _uuid(call.workflow_id)
+    key = call.dispatch_key
+    namespace = str(workflow_id)
+    if dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, key) is not None:
+        return False
+    commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
+    row = instances.get(workflow_id)
+    if row is None or row.ended:
+        return False
+    if not dedup.claim(
+        "SIGNAL", DEFAULT_SCOPE, namespace, key, workflow_id, key, {"stepId": call.step_id}
+    ):
+        return False
+    target: dict[str, Any] = {
+        "name": SERVICE_RESULT,
+        "stepId": call.step_id,
+        "dispatchKey": key,
+    }
+    if call.branch_token_id is not None:
+        target.update(
+            branchTokenId=str(call.branch_token_id),
+            forkStepId=call.fork_step_id,
+            branchId=call.branch_id,
+        )
+    payload = {"status": status, "result": result, "error": error, "attempts": attempts}
+    commands.raise_open_signals(workflow_id, 2**31 - 1)
+    commands.insert(
+        workflow_id,
+        "SIGNAL",
+        payload=payload,
+        dedup_key=key,
+        target=target,
+        context=call.context,
+        actor=context.stored_actor(
+            context.Actor.system("workflow", reason=f"service {call.handler}"[:255])
+        ),
+    )
+    return True
+
+
 def children(instance_id: Any) -> list[InstanceView]:
     """The child workflows ``call`` steps of ``instance_id`` started, oldest first.
 
@@ -1124,6 +1179,7 @@ __all__ = [
     "get_task",
     "history_of",
     "reassign_task",
+    "record_service_result",
     "retry",
     "signal",
     "start",

@@ -29,6 +29,11 @@ DEFINITIONS = "workflow_definitions"
 ACTIVATIONS = "workflow_definition_activations"
 COMMANDS = "workflow_commands"
 COMMAND_QUEUES = "workflow_command_queues"
+# side effects (issue 12): tables of their own, in migration 0004, beside the
+# eleven reference tables
+SERVICE_OUTBOX = "workflow_service_outbox"
+EVENTS = "workflow_events"
+EVENT_CONSUMERS = "workflow_event_consumers"
 
 ALL_TABLES = (
     INSTANCES,
@@ -43,6 +48,8 @@ ALL_TABLES = (
     COMMANDS,
     COMMAND_QUEUES,
 )
+
+SIDE_EFFECT_TABLES = (SERVICE_OUTBOX, EVENTS, EVENT_CONSUMERS)
 
 NOTIFY_CHANNEL = "vertique_workflow_commands"
 
@@ -195,4 +202,7 @@ def qualified_object(name: str, schema: str | None = SCHEMA) -> str:
 
 def sql_names(schema: str | None = SCHEMA) -> dict[str, str]:
     """Format arguments for the SQL templates of ``store/``: ``{instances}`` etc."""
-    return {table.removeprefix("workflow_"): qualified(table, schema) for table in ALL_TABLES}
+    return {
+        table.removeprefix("workflow_"): qualified(table, schema)
+        for table in (*ALL_TABLES, *SIDE_EFFECT_TABLES)
+    }

@@ -26,7 +26,9 @@ from django.db import transaction
 from .conf import workflow_settings
 from .executor.segment import default_node_id, run_head, run_next
 from .registry import ensure_synced
+from .side_effects.relay import Relay
 from .store import commands as command_log
+from .store import outbox
 from .store import probe as reads
 
 
@@ -54,9 +56,19 @@ class RunReport:
 
 
 def run_until_idle(
-    *, max_commands: int = 10_000, wait_for_retries: bool = True, timeout: float = 60.0
+    *,
+    max_commands: int = 10_000,
+    wait_for_retries: bool = True,
+    timeout: float = 60.0,
+    services: bool = True,
 ) -> RunReport:
-    """Run claimable commands until the probe says idle.
+    """Run claimable commands (and, with ``services``, due service calls) until idle.
+
+    Service calls are served by a relay on the calling thread's process
+    (the handler runs in a thread of its own, bounded by its step's
+    timeout); their outcomes are recorded and run like any command, and a
+    call backing off is waited for like a retry. ``RunReport.outcomes``
+    lists ``SERVICE_<outcome>`` for each call served.
 
     With ``wait_for_retries`` (the default) a command that is backing off
     after a failed attempt (available within BACKOFF_MAX_MS) is waited for,
@@ -68,6 +80,7 @@ def run_until_idle(
     report = RunReport()
     deadline = time.monotonic() + timeout
     horizon_ms = workflow_settings.BACKOFF_MAX_MS
+    relay = Relay(node_id, concurrency=1) if services else None
     while len(report.outcomes) < max_commands:
         if time.monotonic() > deadline:
             raise TimeoutError(f"run_until_idle did not reach idle within {timeout} s")
@@ -81,10 +94,16 @@ def run_until_idle(
             report.outcomes.extend(r for r in results if r != "BUSY")
             if any(r != "BUSY" for r in results):
                 continue
+        if relay is not None and _serve(relay, report):
+            continue
         # the future delay, not the earliest: a command behind a head that backs
         # off is available (earliest 0) yet not claimable until the head's retry
         delays = command_log.availability_delays() if wait_for_retries else None
         delay = delays.next_future if delays is not None else None
+        if relay is not None and wait_for_retries:
+            pending = outbox.next_delay_ms()
+            if pending is not None and (delay is None or pending < delay):
+                delay = pending
         if delay is not None and delay <= horizon_ms:
             time.sleep(delay / 1000.0 + 0.001)  # a retry backing off, per the database clock
             continue
@@ -95,6 +114,16 @@ def run_until_idle(
             return report
         time.sleep(0.01)  # another worker's claim is in flight; its lease bounds this
     return report
+
+
+def _serve(relay: Relay, report: RunReport) -> bool:
+    """Serve one batch of due service calls; True when any was claimed."""
+    before = dict(relay.stats.by_outcome)
+    if not relay.run_once():
+        return False
+    for outcome, count in relay.stats.by_outcome.items():
+        report.outcomes.extend([f"SERVICE_{outcome}"] * (count - before.get(outcome, 0)))
+    return True
 
 
 def advance_time(by: str | datetime.timedelta | None = None, *, instance_id: Any = None) -> int:

@@ -11,3 +11,14 @@ class Shipment(models.Model):
 
     class Meta:
         app_label = "flows"
+
+
+class HandlerCall(models.Model):
+    """One call of a test service handler (counted across processes: the relay-kill test)."""
+
+    handler = models.CharField(max_length=64)
+    dispatch_key = models.CharField(max_length=512)
+    attempt = models.IntegerField()
+
+    class Meta:
+        app_label = "flows"

@@ -1,7 +1,8 @@
 """Workflow definitions: the plan model, the code DSL, the catalog and durations.
 
 Write workflows with ``Workflow`` and the step declarations ``action``,
-``decision``, ``wait``, ``timer``, ``task``, ``fork``, ``join``, ``call``, ``end`` and ``fail``;
+``decision``, ``wait``, ``timer``, ``task``, ``fork``, ``join``, ``call``,
+``service``, ``end`` and ``fail``;
 every definition compiles to a validated ``Plan``, which is all the engine reads. See
 docs/definitions.md.
 """
@@ -31,6 +32,7 @@ from .dsl import (
     fail,
     fork,
     join,
+    service,
     task,
     timer,
     wait,
@@ -38,6 +40,7 @@ from .dsl import (
 from .durations import parse_duration
 from .plan import STEP_KINDS, Plan, Step, StepKind, TimerFire, callable_name
 from .retry import Retry, RetryPolicy
+from .services import ServiceOutcome, ServiceSpec
 from .tasks import TaskDecision, TaskSpec, decision_to, resolve_people
 from .validation import validate
 
@@ -53,6 +56,8 @@ __all__ = [
     "Plan",
     "Retry",
     "RetryPolicy",
+    "ServiceOutcome",
+    "ServiceSpec",
     "Step",
     "StepContext",
     "StepKind",
@@ -78,6 +83,7 @@ __all__ = [
     "parse_duration",
     "register",
     "resolve_people",
+    "service",
     "task",
     "timer",
     "validate",

@@ -21,6 +21,13 @@ from ..exceptions import WorkflowDefinitionError
 from .branches import DEFAULT_MAX_BRANCHES, CallSpec, ForkSpec, JoinPolicy, JoinSpec
 from .plan import Plan, Step
 from .retry import Retry, RetryPolicy
+from .services import (
+    DEFAULT_SERVICE_ATTEMPTS,
+    DEFAULT_SERVICE_BACKOFF,
+    DEFAULT_SERVICE_MAX_BACKOFF,
+    DEFAULT_SERVICE_TIMEOUT,
+    ServiceSpec,
+)
 from .tasks import TaskDecision, TaskSpec, decision_to
 
 __all__ = [
@@ -36,6 +43,7 @@ __all__ = [
     "fail",
     "fork",
     "join",
+    "service",
     "task",
     "timer",
     "wait",
@@ -79,6 +87,7 @@ class StepSpec:
     fork: Mapping[str, Any] | None = None
     join: Mapping[str, Any] | None = None
     call: Mapping[str, Any] | None = None
+    service: Mapping[str, Any] | None = None
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None or self.func is None:
@@ -353,6 +362,51 @@ def call(
         "result": result,
     }
     return StepSpec("call", start=start, call=options, retry=retry)
+
+
+def service(
+    handler: str,
+    *,
+    next: str | None = None,
+    request: Callable[..., Any] | str | None = None,
+    result: Callable[..., Any] | str | None = None,
+    on_failed: str | None = None,
+    timeout: Duration = DEFAULT_SERVICE_TIMEOUT,
+    attempts: int = DEFAULT_SERVICE_ATTEMPTS,
+    backoff: Duration = DEFAULT_SERVICE_BACKOFF,
+    max_backoff: Duration = DEFAULT_SERVICE_MAX_BACKOFF,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    result_schema: Mapping[str, Any] | None = None,
+    start: bool = False,
+    retry: RetryPolicy | None = None,
+) -> StepSpec:
+    """Call the service handler registered as ``handler`` through the outbox, then ``next``.
+
+    The step records the call in the segment's transaction and waits; a
+    relay calls the handler outside any workflow transaction, at least
+    once, with a dispatch key as idempotency key (``ServiceSpec`` explains
+    every option). ``request`` builds the handler's request: a callable
+    ``(state[, ctx]) -> dict`` or the name of a method (the state's JSON
+    without it). ``result`` folds the ``ServiceOutcome`` into the state: a
+    callable ``(state, outcome, ctx) -> state`` or the name of a method.
+    A call that failed for good goes to ``on_failed`` (the instance fails
+    without it). ``retry`` is the policy of ``request`` and ``result`` when
+    they raise in the segment, not of the handler (``attempts``, ``backoff``
+    and ``retry_on`` are).
+    """
+    options: dict[str, Any] = {
+        "handler": handler,
+        "request": request,
+        "result": result,
+        "on_failed": on_failed,
+        "timeout": timeout,
+        "attempts": attempts,
+        "backoff": backoff,
+        "max_backoff": max_backoff,
+        "retry_on": retry_on,
+        "result_schema": result_schema,
+    }
+    return StepSpec("service", start=start, next=next, service=options, retry=retry)
 
 
 def end(*, start: bool = False) -> StepSpec:
@@ -651,6 +705,17 @@ def _compile_step(cls: type, instance: object, name: str, spec: StepSpec) -> Ste
         )
     if spec.kind in ("fork", "join", "call"):
         return _compile_branches(cls, instance, name, spec)
+    if spec.kind == "service":
+        fields = dict(spec.service or {})
+        fields["request"], fields["request_name"] = _state_callable(
+            cls, instance, name, "request", fields["request"], by_name=True
+        )
+        fields["result"], fields["result_name"] = _method(
+            cls, instance, name, "result", fields["result"]
+        )
+        return Step(
+            name, "service", next=spec.next, service=ServiceSpec(**fields), retry=spec.retry
+        )
     return Step(name, spec.kind, reason=spec.reason)  # type: ignore[arg-type]
 
 

@@ -26,6 +26,7 @@ from .branches import CallSpec, ForkSpec, JoinSpec
 from .durations import parse_duration
 from .names import FrozenMap, callable_name
 from .retry import RetryPolicy
+from .services import ServiceSpec
 from .tasks import TaskSpec, call_with_state
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 StepKind = Literal[
-    "action", "decision", "wait", "timer", "task", "fork", "join", "call", "end", "fail"
+    "action", "decision", "wait", "timer", "task", "fork", "join", "call", "service", "end", "fail"
 ]
 STEP_KINDS: frozenset[str] = frozenset(get_args(StepKind))
 
@@ -103,7 +104,9 @@ class Step:
     ``fork``: starts the branches of ``fork`` (a ``ForkSpec``), each ending
     at its join; ``join``: decides by ``join`` (a ``JoinSpec``), then
     ``next``; ``call``: starts the child workflow of ``call`` (a
-    ``CallSpec``) and waits for it to end. ``end`` completes; ``fail``
+    ``CallSpec``) and waits for it to end; ``service``: records a call of
+    ``service`` (a ``ServiceSpec``) in the outbox and waits for its outcome,
+    then ``next`` (or ``service.on_failed``). ``end`` completes; ``fail``
     fails with ``reason``.
 
     ``callback_name``/``apply_name``/``until_name`` default to the
@@ -132,6 +135,7 @@ class Step:
     fork: ForkSpec | None = None
     join: JoinSpec | None = None
     call: CallSpec | None = None
+    service: ServiceSpec | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -196,7 +200,7 @@ class Step:
             data["on_timeout"] = self.on_timeout
         if self.task is not None:
             data["task"] = self.task.canonical()
-        for name in ("fork", "join", "call"):
+        for name in ("fork", "join", "call", "service"):
             spec = getattr(self, name)
             if spec is not None:
                 data[name] = spec.canonical()

@@ -25,6 +25,7 @@ from .branches import (
     is_branch_id,
 )
 from .plan import STEP_KINDS, Step
+from .services import MAX_SERVICE_ATTEMPTS, ServiceSpec
 from .tasks import MAX_PERSON_NAME_LENGTH, TaskDecision, TaskSpec, state_arity
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ _ALLOWED_FIELDS: dict[str, frozenset[str]] = {
     "fork": frozenset({"fork", "retry"}),
     "join": frozenset({"next", "join", "retry"}),
     "call": frozenset({"call", "retry"}),
+    "service": frozenset({"next", "service", "retry"}),
     "end": frozenset(),
     "fail": frozenset({"reason"}),
 }
@@ -67,6 +69,7 @@ _OPTIONAL_FIELDS = (
     "fork",
     "join",
     "call",
+    "service",
 )
 
 
@@ -235,6 +238,9 @@ def transitions(step: Step) -> list[Transition]:
             found.append(Transition("on_completed", call.on_completed, "on_completed"))
         if call.on_failed is not None:
             found.append(Transition("on_failed", call.on_failed, "on_failed"))
+    service = step.service
+    if isinstance(service, ServiceSpec) and service.on_failed is not None:
+        found.append(Transition("on_failed", service.on_failed, "on_failed"))
     return found
 
 
@@ -479,6 +485,52 @@ def _check_call(plan: Plan, step: Step) -> None:
             _fail(plan, step.id, "result needs a name")
 
 
+def _check_service(plan: Plan, step: Step) -> None:
+    spec = step.service
+    if not isinstance(spec, ServiceSpec):
+        _fail(plan, step.id, "a service step needs a service built with service(...)")
+    if not _is_name(spec.handler):
+        _fail(plan, step.id, f"handler must be a registered handler name, {_NAME_RULE}")
+    if step.next is None:
+        _fail(plan, step.id, "a service step needs next: where it goes when the call succeeded")
+    attempts = spec.attempts
+    if (
+        isinstance(attempts, bool)
+        or not isinstance(attempts, int)
+        or not 1 <= attempts <= MAX_SERVICE_ATTEMPTS
+    ):
+        _fail(plan, step.id, f"attempts must be an integer from 1 to {MAX_SERVICE_ATTEMPTS}")
+    if spec.timeout.total_seconds() <= 0:  # type: ignore[union-attr]
+        _fail(plan, step.id, "timeout must be positive: a handler call needs a bound")
+    if spec.backoff > spec.max_backoff:  # type: ignore[operator]
+        _fail(plan, step.id, "backoff must not exceed max_backoff")
+    for cls in spec.retry_on:
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            _fail(plan, step.id, "retry_on takes exception classes (subclasses of Exception)")
+    if spec.request is not None:
+        _check_state_callable(plan, step, spec.request, "request")
+        if not spec.request_name:
+            _fail(plan, step.id, "request needs a name")
+    if spec.result is not None:
+        if not callable(spec.result):
+            _fail(plan, step.id, "result is not callable")
+        if not spec.result_name:
+            _fail(plan, step.id, "result needs a name")
+    if spec.result_schema is not None:
+        _check_result_schema(plan, step, spec.result_schema)
+
+
+def _check_result_schema(plan: Plan, step: Step, schema: Any) -> None:
+    import jsonschema
+
+    if not isinstance(schema, Mapping):
+        _fail(plan, step.id, "result_schema must be a JSON Schema object")
+    try:
+        jsonschema.Draft202012Validator.check_schema(dict(schema))
+    except jsonschema.SchemaError as exc:
+        _fail(plan, step.id, f"result_schema is not a valid JSON Schema: {exc.message[:200]}")
+
+
 def _check_end(plan: Plan, step: Step) -> None:
     return None
 
@@ -502,6 +554,7 @@ _KIND_CHECKS = {
     "fork": _check_fork,
     "join": _check_join,
     "call": _check_call,
+    "service": _check_service,
     "end": _check_end,
     "fail": _check_fail,
 }

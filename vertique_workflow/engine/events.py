@@ -16,12 +16,14 @@ from .decision_log import HistoryEntry
 
 __all__ = [
     "CHILD_ENDED",
+    "SERVICE_RESULT",
     "BranchRetry",
     "ChildEnded",
     "Completion",
     "Event",
     "Refusal",
     "Resume",
+    "ServiceResult",
     "Signal",
     "Start",
     "TimerFired",
@@ -212,4 +214,48 @@ class ChildEnded:
         )
 
 
-Event = Start | Resume | Signal | TimerFired | Completion | ChildEnded | BranchRetry
+# The reserved signal name of a service call's outcome (``service``); never declared.
+SERVICE_RESULT = "vertique.service_result"
+
+RESERVED_SIGNALS = frozenset({CHILD_ENDED, SERVICE_RESULT})
+
+
+@dataclass(frozen=True)
+class ServiceResult:
+    """The outcome of a ``service`` step's call (a SIGNAL the relay records).
+
+    ``status`` is ``COMPLETED`` or ``FAILED``; ``result`` the handler's JSON
+    result; ``error`` the failure's reason code. Its dedup key is the
+    dispatch key, so a result delivered twice is recorded once; a result
+    for a step the instance no longer waits at settles STALE.
+    """
+
+    dispatch_key: str
+    step_id: str | None
+    status: str
+    result: Any = None
+    error: str | None = None
+    attempts: int = 0
+    branch_token_id: Any = None
+    kind: ClassVar[str] = "SIGNAL"
+
+    def refused(self, step_id: str | None) -> Refusal:
+        return Refusal(
+            "STALE",
+            "SERVICE_RESULT_STALE",
+            f"the instance no longer waits at service step {str(self.step_id)[:64]!r}",
+        )
+
+    def entry(self) -> HistoryEntry:
+        payload: dict[str, Any] = {
+            "dispatchKey": self.dispatch_key[:255],
+            "status": self.status,
+            "step": self.step_id,
+            "attempts": self.attempts,
+        }
+        if self.error is not None:
+            payload["error"] = self.error
+        return HistoryEntry("SERVICE_RESULT", payload)
+
+
+Event = Start | Resume | Signal | TimerFired | Completion | ChildEnded | ServiceResult | BranchRetry

@@ -15,7 +15,15 @@ from typing import Any
 
 from ..definitions import Plan, StepContext
 from ..exceptions import NonRetryable
-from .effects import CancelTasks, CancelTimers, Effect, OpenTask, ScheduleTimer
+from .effects import (
+    CancelTasks,
+    CancelTimers,
+    Effect,
+    EmitEvent,
+    OpenTask,
+    RecordSideEffect,
+    ScheduleTimer,
+)
 
 __all__ = [
     "BRANCH_ATTRIBUTE",
@@ -219,7 +227,9 @@ class Run:
     def effect(self, effect: Effect) -> None:
         """Ask for an effect; a branch's timers and tasks carry the branch's identity."""
         token = self.token
-        if token is not None and isinstance(effect, ScheduleTimer | OpenTask):
+        if token is not None and isinstance(
+            effect, ScheduleTimer | OpenTask | RecordSideEffect | EmitEvent
+        ):
             effect = dataclasses.replace(
                 effect,
                 branch_token_id=token.id,

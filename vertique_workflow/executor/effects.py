@@ -27,9 +27,11 @@ from ..engine.effects import (
     CreateBranches,
     DecideJoin,
     Effect,
+    EmitEvent,
     FireTimer,
     OpenJoin,
     OpenTask,
+    RecordSideEffect,
     ScheduleTimer,
     StartChild,
     SupersedeBranches,
@@ -47,6 +49,7 @@ def persist(
     command_id: int,
     effects: Sequence[Effect],
     metadata: dict[str, Any] | None,
+    instance: Any = None,
 ) -> list[HistoryEntry]:
     """Write ``effects`` of one transition of ``workflow_id`` (the segment holds the lock).
 
@@ -54,8 +57,11 @@ def persist(
     timer (it settles with the transition). ``metadata`` is the durable
     context of the drive, stored on every timer it records (the TIMER
     segment binds it again when the timer fires) and on every branch token
-    a fork creates. Returns the parked signals of superseded branches that
-    were settled (the segment logs them).
+    a fork creates. ``instance`` (the locked row) names the definition for
+    the side-effect recorders, which run after the branch tokens (their
+    tables are outside the reference's lock chain: nothing else locks them
+    in a segment). Returns the history entries the effects add: the parked
+    signals of superseded branches that were settled, the children started.
     """
     if not effects:
         return []
@@ -76,7 +82,30 @@ def persist(
         for c in settled
     ]
     entries.extend(_children(effects))
+    _side_effects(workflow_id, command_id, effects, metadata, instance)
     return entries
+
+
+def _side_effects(
+    workflow_id: Any,
+    command_id: int,
+    effects: Sequence[Effect],
+    metadata: dict[str, Any] | None,
+    instance: Any,
+) -> None:
+    wanted = [e for e in effects if isinstance(e, RecordSideEffect | EmitEvent)]
+    if not wanted:
+        return
+    from .. import side_effects
+
+    side_effects.record(
+        workflow_id,
+        command_id,
+        getattr(instance, "definition_id", ""),
+        getattr(instance, "definition_version", 0),
+        wanted,
+        metadata,
+    )
 
 
 def _children(effects: Sequence[Effect]) -> list[HistoryEntry]:

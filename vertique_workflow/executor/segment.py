@@ -33,11 +33,13 @@ from ..engine.decision_log import HistoryEntry
 from ..engine.drive import STEP_ATTRIBUTE, DriveResult, RunFacts, Snapshot, drive
 from ..engine.events import (
     CHILD_ENDED,
+    SERVICE_RESULT,
     BranchRetry,
     ChildEnded,
     Completion,
     Event,
     Refusal,
+    ServiceResult,
     Signal,
     Start,
     TimerFired,
@@ -485,6 +487,17 @@ def _event(command: Any) -> tuple[Event, dict[str, Any] | None]:
             outcome.get("errorType"),
             branch_token_id=target.get("branchTokenId"),
         ), bound
+    if command.kind == "SIGNAL" and target.get("name") == SERVICE_RESULT:
+        outcome = command.payload or {}
+        return ServiceResult(
+            str(target.get("dispatchKey")),
+            target.get("stepId"),
+            str(outcome.get("status")),
+            outcome.get("result"),
+            outcome.get("error"),
+            int(outcome.get("attempts") or 0),
+            branch_token_id=target.get("branchTokenId"),
+        ), bound
     if command.kind == "SIGNAL":
         branch = (target["forkStepId"], target["branchId"]) if target.get("branchId") else None
         return Signal(str(target.get("name")), command.payload, branch), bound
@@ -607,7 +620,7 @@ def _settle_segment(
     if not result.applied:
         return _settle_refused(claim, loaded, result.refusal, event, common)
     entries = _entries(event, row, result)
-    entries.extend(effects.persist(row.id, command.id, result.effects, context.capture()))
+    entries.extend(effects.persist(row.id, command.id, result.effects, context.capture(), row))
     transition.persist(
         row,
         command.id,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import action, call, decision, end, fail, fork, join, task, timer, wait
+from . import action, call, decision, end, fail, fork, join, service, task, timer, wait
 
 __all__ = ["KINDS", "StepKind"]
 
@@ -37,5 +37,5 @@ KINDS: dict[str, StepKind] = {
         getattr(module, "refusal", None),
         getattr(module, "accept", None),
     )
-    for module in (action, decision, wait, timer, task, fork, join, call, end, fail)
+    for module in (action, decision, wait, timer, task, fork, join, call, service, end, fail)
 }

@@ -1,0 +1,206 @@
+"""Service steps: the outbox, the relay, retries, failures and dispatch dedup (issue 12)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+import vertique_workflow as wf
+from tests.conftest import history_events
+from tests.flows.models import HandlerCall
+from vertique_workflow.models import WorkflowCommand, WorkflowDedup, WorkflowServiceCall
+from vertique_workflow.side_effects.relay import Relay
+from vertique_workflow.store import outbox
+from vertique_workflow.testing import run_until_idle
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def start(definition: str, payload: Any, key: str = "k1") -> Any:
+    return wf.start(definition, payload, idempotency_key=key).id
+
+
+def outcomes(instance_id: Any) -> list[str]:
+    """The decision outcomes of an instance's history (SERVICE_DISPATCHED, ...)."""
+    from vertique_workflow.models import WorkflowHistory
+
+    rows = WorkflowHistory.objects.filter(workflow_id=instance_id, event_type="DECISION")
+    return [str(row.outcome) for row in rows.order_by("sequence")]
+
+
+def calls(handler: str = "charge") -> list[int]:
+    return list(HandlerCall.objects.filter(handler=handler).values_list("attempt", flat=True))
+
+
+def test_a_service_step_records_its_call_in_the_segment_and_waits():
+    instance = start("svc-charge", {"amount": 5})
+    run_until_idle(services=False)
+    view = wf.get(instance)
+    assert (view.status, view.current_step) == ("WAITING", "pay")
+    [row] = WorkflowServiceCall.objects.filter(workflow_id=instance)
+    assert (row.state, row.handler, row.step_id, row.request_json) == (
+        "PENDING",
+        "test.charge",
+        "pay",
+        {"amount": 5},
+    )
+    assert row.policy_json["attempts"] == 3
+    assert row.dispatch_key.startswith(f"vertique.service:{instance}:")
+    assert calls() == [], "nothing is called inside the segment"
+    assert WorkflowDedup.objects.filter(kind="DISPATCH", key=row.dispatch_key).count() == 1
+    assert "SERVICE_DISPATCHED" in outcomes(instance)
+
+
+def test_the_relay_calls_the_handler_and_the_workflow_takes_the_success_path():
+    instance = start("svc-charge", {"amount": 7})
+    report = run_until_idle()
+    view = wf.get(instance)
+    assert view.status == "COMPLETED"
+    assert view.state["charge"] == {"charge_id": "ch-7", "calls": 1}
+    assert view.state["charge_status"] == "COMPLETED"
+    assert report.count("SERVICE_DELIVERED") == 1
+    [row] = WorkflowServiceCall.objects.filter(workflow_id=instance)
+    assert (row.state, row.outcome, row.attempts) == ("DELIVERED", "COMPLETED", 1)
+    assert history_events(instance).count("SERVICE_RESULT") == 1
+    assert "SERVICE_COMPLETED" in outcomes(instance)
+
+
+def test_retries_honour_the_policy_then_succeed():
+    instance = start("svc-charge", {"amount": 3, "fail_times": 2})
+    report = run_until_idle()
+    assert wf.get(instance).status == "COMPLETED"
+    assert calls() == [1, 2, 3]
+    assert report.count("SERVICE_RETRIED") == 2
+    assert wf.get(instance).state["charge"]["calls"] == 3
+
+
+def test_spent_attempts_take_the_failure_path_with_the_reason():
+    instance = start("svc-charge", {"amount": 3, "fail_times": 5})
+    run_until_idle()
+    view = wf.get(instance)
+    assert calls() == [1, 2, 3], "attempts=3 bounds the calls"
+    assert (view.status, view.current_step) == ("COMPLETED", "declined")
+    assert view.state["charge_status"] == "FAILED"
+    assert view.state["error"].startswith("ATTEMPTS_EXHAUSTED: attempt 3 of 3")
+    [row] = WorkflowServiceCall.objects.filter(workflow_id=instance)
+    assert (row.state, row.outcome) == ("DELIVERED", "FAILED")
+
+
+def test_an_error_retry_on_does_not_name_fails_at_once():
+    instance = start("svc-charge", {"amount": 3, "refuse": True})
+    run_until_idle()
+    assert calls() == [1]
+    view = wf.get(instance)
+    assert view.current_step == "declined"
+    assert view.state["error"].startswith("HANDLER_FAILED: attempt 1 of 3: Refused")
+    assert "card declined" not in view.state["error"], "the exception's message is not stored"
+
+
+def test_a_handlers_non_retryable_code_is_the_reason():
+    instance = start("svc-charge", {"amount": 3, "non_retryable": True})
+    run_until_idle()
+    assert calls() == [1]
+    assert wf.get(instance).state["error"].startswith("CARD_DECLINED:")
+
+
+def test_a_result_failing_the_result_schema_takes_the_failure_path_with_a_clear_reason():
+    instance = start("svc-charge", {"amount": 3, "bad_result": True})
+    run_until_idle()
+    view = wf.get(instance)
+    assert (view.current_step, view.state["error"]) == ("declined", "SERVICE_RESULT_INVALID")
+    assert "SERVICE_FAILED" in outcomes(instance), "the failure is in the history"
+
+
+def test_without_on_failed_the_instance_fails_service_failed():
+    instance = start("svc-strict", {"refuse": True})
+    run_until_idle()
+    view = wf.get(instance)
+    assert view.status == "FAILED"
+    assert view.error_type == "SERVICE_FAILED"
+    assert view.error_message.startswith(
+        "SERVICE_FAILED: the call of service step 'pay' failed (ATTEMPTS_EXHAUSTED: attempt 1 of 1"
+    )
+
+
+def test_a_hanging_handler_is_bounded_by_its_timeout_and_retried():
+    from tests.flows.services import release_hung_handlers
+
+    instance = start("svc-hang", {})
+    try:
+        report = run_until_idle()
+    finally:
+        release_hung_handlers()
+    assert calls("hang") == [1, 2]
+    assert report.count("SERVICE_RETRIED") == 1
+    [row] = WorkflowServiceCall.objects.filter(workflow_id=instance)
+    assert row.outcome == "COMPLETED"
+    assert wf.get(instance).status == "COMPLETED"
+
+
+def test_duplicate_result_deliveries_are_absorbed():
+    instance = start("svc-charge", {"amount": 2})
+    run_until_idle(services=False)
+    [claimed] = outbox.claim(10, "00000000-0000-0000-0000-000000000001", "test", 30)
+    from vertique_workflow.operations import record_service_result
+
+    with transaction.atomic():
+        assert record_service_result(claimed, "COMPLETED", {"charge_id": "x"}, None, 1)
+    with transaction.atomic():
+        assert not record_service_result(claimed, "COMPLETED", {"charge_id": "x"}, None, 1)
+    run_until_idle(services=False)
+    assert wf.get(instance).status == "COMPLETED"
+    assert WorkflowCommand.objects.filter(workflow_id=instance, kind="SIGNAL").count() == 1, (
+        "one result command"
+    )
+
+
+def test_rows_of_a_rolled_back_segment_never_exist():
+    # the ChargeFlow's request callable is absent; break the result fold instead:
+    # a rolled-back *recording* transaction: start inside a transaction that rolls back
+    with pytest.raises(RuntimeError), transaction.atomic():
+        start("svc-charge", {"amount": 1})
+        run_until_idle(services=False)
+        assert WorkflowServiceCall.objects.count() == 1, "the segment recorded it"
+        raise RuntimeError("roll back")
+    assert WorkflowServiceCall.objects.count() == 0
+    assert WorkflowDedup.objects.filter(kind="DISPATCH").count() == 0
+
+
+def test_each_branch_dispatches_its_own_call():
+    instance = start("svc-fan", {"amount": 4})
+    run_until_idle()
+    rows = WorkflowServiceCall.objects.filter(workflow_id=instance).order_by("step_id")
+    assert [(r.step_id, r.branch_id, r.state) for r in rows] == [
+        ("pay_a", "a", "DELIVERED"),
+        ("pay_b", "b", "DELIVERED"),
+    ]
+    assert len({r.dispatch_key for r in rows}) == 2
+    assert wf.get(instance).status == "COMPLETED"
+
+
+def test_a_cancelled_instance_is_never_called():
+    instance = start("svc-charge", {"amount": 1})
+    run_until_idle(services=False)
+    wf.cancel(instance, reason="changed my mind")
+    assert Relay("test").run_once() == 0
+    assert calls() == []
+    assert WorkflowServiceCall.objects.get(workflow_id=instance).state == "CANCELLED"
+
+
+def test_the_service_result_signal_name_is_reserved():
+    instance = start("svc-charge", {"amount": 1})
+    with pytest.raises(wf.WorkflowValidationError, match="reserved"):
+        wf.signal(instance, "vertique.service_result", {}, dedup_key="x")
+
+
+def test_two_relays_never_take_the_same_call():
+    for n in range(6):
+        start("svc-charge", {"amount": n}, key=f"k{n}")
+    run_until_idle(services=False)
+    first = outbox.claim(4, "00000000-0000-0000-0000-00000000000a", "one", 30)
+    second = outbox.claim(4, "00000000-0000-0000-0000-00000000000b", "two", 30)
+    assert len(first) == 4 and len(second) == 2
+    assert not {c.id for c in first} & {c.id for c in second}
+    assert connection.in_atomic_block is False
