@@ -204,3 +204,20 @@ def test_two_relays_never_take_the_same_call():
     assert len(first) == 4 and len(second) == 2
     assert not {c.id for c in first} & {c.id for c in second}
     assert connection.in_atomic_block is False
+
+
+def test_a_relay_whose_lease_passed_settles_nothing_and_the_other_relay_delivers_once():
+    from vertique_workflow.side_effects.relay import deliver
+
+    instance = start("svc-charge", {"amount": 6})
+    run_until_idle(services=False)
+    # a lease already past on the database clock: a relay that hung
+    [stale] = outbox.claim(1, "00000000-0000-0000-0000-0000000000a1", "slow", -40)
+    [fresh] = outbox.claim(1, "00000000-0000-0000-0000-0000000000b2", "fast", 30)
+    assert (stale.id, fresh.attempts) == (fresh.id, 2), "the expired claim was taken over"
+    assert deliver(fresh, "COMPLETED", {"charge_id": "ch-6"}, None)
+    assert not deliver(stale, "COMPLETED", {"charge_id": "ch-6"}, None), "fenced out"
+    run_until_idle(services=False)
+    assert wf.get(instance).state["charge"] == {"charge_id": "ch-6"}
+    assert history_events(instance).count("SERVICE_RESULT") == 1
+    assert WorkflowServiceCall.objects.get(workflow_id=instance).claimed_by == "fast"

@@ -141,3 +141,13 @@ class FanChargeFlow(Workflow[dict]):
     joined = join(next="done", on_failed="gave_up")
     gave_up = fail(reason="GAVE_UP")
     done = end()
+
+
+@register
+class FragileRelayFlow(Workflow[dict]):
+    """A short call timeout, so a dead relay's lease passes soon (the relay-kill test)."""
+
+    id, version, contract = "svc-fragile", 1, "svc-fragile.v1"
+
+    pay = service("test.charge", start=True, next="done", timeout="1s", attempts=3, result=_charged)
+    done = end()

@@ -84,6 +84,9 @@ class ExecutorOptions:
     grace_seconds: float = 30.0
     node_id: str = field(default_factory=segment.default_node_id)
     log_commands: bool = False  # -v 2: one line per command
+    # serve the service outbox in a thread of this process (--no-relay: a
+    # separate ``manage.py workflow_relay`` does it)
+    relay: bool = True
     # called every QUEUE_SAMPLE_SECONDS (see executor/observers.py); the counters
     # log line is added as one more observer when stats_interval > 0
     observers: list[ExecutorObserver] = field(default_factory=list)
@@ -366,6 +369,7 @@ class Executor:
         self.listener.start()
         for index in range(options.concurrency):
             self._start_worker(index)
+        relay_thread = self._start_relay() if options.relay else None
         if on_started is not None:
             on_started()
         last_sample: float | None = None
@@ -390,7 +394,11 @@ class Executor:
         finally:
             self.stopping.set()
             self.wake_all()
+            if relay_thread is not None:
+                self.relay.wake()
             finished = self._join(options.grace_seconds)
+            if relay_thread is not None:
+                relay_thread.join(options.grace_seconds)
             if self._observers:
                 self.report_to_observers(final=True)
             self._close_sample_connection()
@@ -403,9 +411,30 @@ class Executor:
             return 1
         return 0
 
+    def _start_relay(self) -> threading.Thread:
+        """The service relay of this process: a thread of its own, stopped with the workers."""
+        from ..side_effects.relay import Relay
+
+        self.relay = Relay(self.options.node_id)
+
+        def serve() -> None:
+            try:
+                self.relay.run(self.stopping, poll_interval=self.options.poll_interval)
+            except Exception:
+                logger.exception("the service relay stopped")
+
+        thread = threading.Thread(target=serve, name="vertique-relay", daemon=True)
+        thread.start()
+        return thread
+
     def _idle(self) -> bool:
         try:
-            return probe_reads.idle()[0]
+            idle = probe_reads.idle()[0]
+            if idle and self.options.relay:
+                from ..store import outbox
+
+                idle = outbox.next_delay_ms() is None
+            return idle
         except DatabaseError:
             connections[self.options.database].close()
             return False

@@ -63,6 +63,11 @@ class Command(BaseCommand):
             help="database alias of the workflow tables (default DATABASE)",
         )
         parser.add_argument(
+            "--no-relay",
+            action="store_true",
+            help="do not serve the service outbox here (run manage.py workflow_relay instead)",
+        )
+        parser.add_argument(
             "--stats-interval",
             type=float,
             default=10.0,
@@ -97,6 +102,7 @@ class Command(BaseCommand):
             stats_interval=options["stats_interval"],
             grace_seconds=float(workflow_settings.SHUTDOWN_GRACE_SECONDS),
             log_commands=options["verbosity"] >= 2,
+            relay=not options["no_relay"],
         )
         try:
             ensure_synced()
