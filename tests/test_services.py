@@ -221,3 +221,19 @@ def test_a_relay_whose_lease_passed_settles_nothing_and_the_other_relay_delivers
     assert wf.get(instance).state["charge"] == {"charge_id": "ch-6"}
     assert history_events(instance).count("SERVICE_RESULT") == 1
     assert WorkflowServiceCall.objects.get(workflow_id=instance).claimed_by == "fast"
+
+
+def test_the_admin_shows_an_instances_service_calls_and_the_diagram_draws_the_step(admin_client):
+    from vertique_workflow.definitions import catalog
+    from vertique_workflow.diagram import render_svg
+
+    instance = start("svc-charge", {"amount": 3, "fail_times": 5})
+    run_until_idle()
+    page = admin_client.get(f"/admin/vertique_workflow/workflowinstance/{instance}/change/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'id="service-calls"' in body and "test.charge" in body
+    assert "ATTEMPTS_EXHAUSTED: attempt 3 of 3" in body
+    listing = admin_client.get("/admin/vertique_workflow/workflowservicecall/?state=DELIVERED")
+    assert listing.status_code == 200 and "test.charge" in listing.content.decode()
+    assert "service test.charge" in render_svg(catalog.get("svc-charge", 1))

@@ -22,14 +22,15 @@ only the latest rows of its history and commands (with links to all).
 
 The package: ``common`` (helpers, read-only base classes), ``instances``,
 ``history``, ``commands`` (the command log and queues), ``tasks`` (timers,
-tasks, branch tokens). Importing the modules registers their admins.
+tasks, branch tokens), ``side_effects`` (service calls, workflow events).
+Importing the modules registers their admins.
 """
 
 from __future__ import annotations
 
 from django.contrib import admin as _django_admin
 
-from . import commands, history, instances, tasks, views
+from . import commands, history, instances, side_effects, tasks, views  # noqa: F401
 from .common import (
     INLINE_ROWS,
     LAST_ERROR_PREVIEW,

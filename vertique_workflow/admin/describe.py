@@ -49,6 +49,7 @@ CALLER_EVENTS = frozenset(
         "COMMAND_CANCELLED",
         "TIMER_FIRED",
         "CHILD_ENDED",
+        "SERVICE_RESULT",
     }
 )
 
@@ -95,6 +96,8 @@ def entry_label(entry: Any) -> str:
         text = f"WAITING for {details['signals']}"
     elif head == "CHILD_ENDED" and "status" in details:
         text = f"CHILD_ENDED {details['status']}"
+    elif head == "SERVICE_RESULT" and "status" in details:
+        text = f"SERVICE_RESULT {details['status']}"
     elif event.startswith("COMMAND_") and "kind" in details:
         text = f"{head} {details['kind']}"
     else:

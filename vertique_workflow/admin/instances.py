@@ -39,6 +39,7 @@ from ..models import (
     WorkflowDefinitionActivation,
     WorkflowHistory,
     WorkflowInstance,
+    WorkflowServiceCall,
     WorkflowTask,
     WorkflowTimer,
 )
@@ -584,6 +585,35 @@ def instance_page(request: HttpRequest, obj: WorkflowInstance) -> dict[str, Any]
         )
         .order_by("created_at", "id")[:SIDE_ROWS]
     ]
+    context["service_calls"] = [
+        {
+            "link": format_html(
+                '<a href="{}">{}</a>', admin_url(WorkflowServiceCall, "change", c.pk), c.handler
+            ),
+            "step": c.step_id if c.branch_id is None else f"{c.step_id} [{c.branch_id}]",
+            "state": c.state,
+            "attempts": c.attempts,
+            "outcome": c.outcome or "-",
+            "available": ms(c.available_at),
+            "error": c.last_error or "",
+        }
+        for c in WorkflowServiceCall.objects.filter(workflow_id=obj.pk)
+        .only(
+            "id",
+            "handler",
+            "step_id",
+            "branch_id",
+            "state",
+            "attempts",
+            "outcome",
+            "available_at",
+            "last_error",
+        )
+        .order_by("-id")[:SIDE_ROWS]
+    ]
+    context["all_service_calls_url"] = filtered_changelist_url(
+        WorkflowServiceCall, workflow_id__exact=obj.pk
+    )
     context["all_tasks_url"] = filtered_changelist_url(WorkflowTask, workflow_id__exact=obj.pk)
     context["all_timers_url"] = filtered_changelist_url(WorkflowTimer, workflow_id__exact=obj.pk)
     context["all_branches_url"] = filtered_changelist_url(

@@ -38,6 +38,7 @@ NODE_HEIGHT: dict[str, float] = {
     "timer": 46.0,
     "task": 46.0,
     "call": 46.0,
+    "service": 46.0,
     "fork": 20.0,
     "join": 20.0,
     "end": 50.0,

@@ -44,6 +44,7 @@ _STEP_ENTRIES = frozenset(
         "STATE_BASELINE",
         "TIMER_FIRED",
         "CHILD_ENDED",
+        "SERVICE_RESULT",
         "WORKFLOW_COMPLETED",
         "FAILED",
     }

@@ -36,7 +36,7 @@ SVG_NS = "http://www.w3.org/2000/svg"
 
 # label characters that fit in a box of each kind (the rest goes to the <title>)
 _LABEL_LIMIT = {"decision": 15, "fork": 20, "join": 20, "end": 22, "fail": 22}
-_GLYPH_KINDS = frozenset({"wait", "timer", "task", "call"})
+_GLYPH_KINDS = frozenset({"wait", "timer", "task", "call", "service"})
 _DEFAULT_LABEL_LIMIT = 19
 _GLYPH_LABEL_LIMIT = 16
 _BADGES_SHOWN = 3
@@ -112,6 +112,8 @@ def _caption(step: Step) -> str:
     if step.kind == "call" and step.call is not None:
         version = "" if step.call.version is None else f" v{step.call.version}"
         return f"call {step.call.workflow}{version}"
+    if step.kind == "service" and step.service is not None:
+        return f"service {step.service.handler}"
     return ""
 
 
@@ -176,6 +178,9 @@ def _shape(step: Step, box: Box) -> str:
     if kind == "call":
         inner = f'x="{_n(x + 4)}" y="{_n(y + 4)}" width="{_n(w - 8)}" height="{_n(h - 8)}"'
         return f'<rect class="shape" {rect} rx="4"/><rect class="inner" {inner} rx="2"/>'
+    if kind == "service":  # a box with a double right edge: the call leaves the database
+        edge = f'<path class="glyph" d="M{_n(x + w - 8)} {_n(y)}V{_n(y + h)}"/>'
+        return f'<rect class="shape" {rect} rx="4"/>' + edge
     radius = "10" if kind in ("wait", "timer", "task") else "4"
     return f'<rect class="shape" {rect} rx="{radius}"/>' + _glyph(kind, box)
 
