@@ -20,7 +20,7 @@ from django.test import Client
 
 django.test.utils.setup_test_environment()
 import vertique_workflow as wf
-from orders.models import StockReservation
+from orders.models import PaymentCharge, StockReservation
 from vertique_workflow.testing import run_until_idle
 
 admin = User.objects.create_superuser("admin", "admin@example.com", "admin")
@@ -69,6 +69,9 @@ view = wf.get(small)
 check("joined", (view.status, view.current_step, view.state["payment_reference"],
                  view.state["reserved"], view.state["fraud"]))
 check("reserved", StockReservation.objects.filter(instance_id=small).count())
+charged = PaymentCharge.objects.get()
+check("charged", (charged.reference, charged.amount, charged.status,
+                  view.state["charge_id"] == str(charged.pk)))
 page = client.get(f"/orders/{small}/").content.decode()
 check("ship_form", f"/orders/{small}/ship/" in page)
 client.post(f"/orders/{small}/ship/", {"tracking": "TRACK-1", "idempotency_key": key()})
@@ -117,6 +120,23 @@ check("declined", (view.status, view.error_type, view.state.get("refunded"),
                    StockReservation.objects.filter(instance_id=declined).count(),
                    branches(declined)))
 
+# the provider is busy on the first attempt for amounts ending in 7: the relay retries
+busy = place(77)
+client.post(f"/orders/{busy}/pay/", {"reference": "PAY-77", "idempotency_key": key()})
+run_until_idle()
+view = wf.get(busy)
+check("busy_retried", (view.current_step, PaymentCharge.objects.get(reference="PAY-77").amount,
+                       [(c["state"], c["attempts"]) for c in
+                        __import__("vertique_workflow.store.outbox", fromlist=["x"])
+                        .for_instance(busy)]))
+
+# a refused charge takes the charge step's failure path: the order is cancelled
+refused_charge = place(50)
+client.post(f"/orders/{refused_charge}/pay/", {"reference": "DECLINE-1", "idempotency_key": key()})
+run_until_idle()
+view = wf.get(refused_charge)
+check("charge_refused", (view.status, view.error_type, view.state.get("charge_error", "")[:15]))
+
 # out of stock: refused before the fork
 sold_out = place(50, sku="none-left")
 view = wf.get(sold_out)
@@ -130,6 +150,9 @@ EXPECTED = {
     "pay_posts": "(302, 302)",
     "joined": "('WAITING', 'shipping', 'PAY-1', True, 'cleared')",
     "reserved": "1",
+    "charged": "('PAY-1', 50, 'CHARGED', True)",
+    "busy_retried": "('shipping', 77, [('DELIVERED', 2)])",
+    "charge_refused": "('FAILED', 'CANCELLED', 'PAYMENT_REFUSED')",
     "ship_form": "True",
     "shipped": "('COMPLETED', 'TRACK-1')",
     "history": "['ARRIVED', 'BRANCH_DECISION', 'FORKED', 'JOINED']",

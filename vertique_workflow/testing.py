@@ -101,9 +101,12 @@ def run_until_idle(
         delays = command_log.availability_delays() if wait_for_retries else None
         delay = delays.next_future if delays is not None else None
         if relay is not None and wait_for_retries:
+            # a service call backing off by its step's policy (not BACKOFF_MAX_MS):
+            # waited for within ``timeout``
             pending = outbox.next_delay_ms()
-            if pending is not None and (delay is None or pending < delay):
-                delay = pending
+            if pending is not None and (delay is None or delay > horizon_ms or pending < delay):
+                time.sleep(pending / 1000.0 + 0.001)
+                continue
         if delay is not None and delay <= horizon_ms:
             time.sleep(delay / 1000.0 + 0.001)  # a retry backing off, per the database clock
             continue

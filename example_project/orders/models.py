@@ -19,3 +19,23 @@ class StockReservation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.quantity} x {self.sku}"
+
+
+class PaymentCharge(models.Model):
+    """The fake payment provider's ledger (``orders/payments.py``): one row per charge.
+
+    Keyed by the dispatch key the relay sends as idempotency key, so a call
+    made twice (a relay that died after charging) charges once.
+    """
+
+    idempotency_key = models.CharField(max_length=512, unique=True)
+    reference = models.CharField(max_length=100)
+    amount = models.IntegerField()
+    status = models.CharField(max_length=16, default="CHARGED")  # CHARGED, REFUNDED
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.amount} for {self.reference} ({self.status})"

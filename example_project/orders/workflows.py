@@ -12,8 +12,14 @@ Payment, stock reservation and a fraud check run in parallel, joined
                                    \\--(otherwise)--> fraud_review (task, group "fraud")
                                           --clear--> joined
                                           --block--> fraud_blocked (fails the branch, BLOCKED)
-    joined (all; merge) --> shipping -> shipped
+    joined (all; merge) --> charge (service: the fake payment provider, retried)
+                              --> shipping -> shipped
+                              \\--on_failed--> cancelled
            \\--on_failed--> cancelled (a refund note, then fails CANCELLED)
+
+``charge`` is a service step: the charge is recorded in the outbox with the
+join's transition and made by the relay after the commit, at least once,
+with its dispatch key as the provider's idempotency key (orders/payments.py).
 
 Shipping is its own workflow, ``order-shipping``, started by the parent's
 ``shipping`` step as a child (``call``); the warehouse's ``shipped`` signal
@@ -35,11 +41,13 @@ from vertique_workflow.definitions import (
     fail,
     fork,
     join,
+    service,
     task,
     wait,
 )
 
 from .models import StockReservation
+from .payments import ProviderBusy
 
 FRAUD_LIMIT = 1000  # orders from this amount on get a fraud-review task
 OUT_OF_STOCK_SKU = "none-left"  # the demo's way to make the stock branch fail
@@ -55,6 +63,11 @@ REVIEW = {
     "properties": {"reviewed_by": {"type": "string", "minLength": 1, "maxLength": 255}},
     "additionalProperties": False,
 }
+CHARGED = {
+    "type": "object",
+    "required": ["charge_id"],
+    "properties": {"charge_id": {"type": "string"}, "attempts": {"type": "integer"}},
+}
 SHIPPED = {
     "type": "object",
     "properties": {"tracking": {"type": "string", "minLength": 1, "maxLength": 100}},
@@ -65,7 +78,7 @@ SHIPPED = {
 class OrderFulfilment(Workflow[dict]):
     """Payment, stock and fraud check in parallel; a failure of any cancels the order."""
 
-    id, version, contract = "order-fulfilment", 1, "orders.fulfilment"
+    id, version, contract = "order-fulfilment", 2, "orders.fulfilment"
     signals = {"payment_confirmed": CONFIRMED, "payment_declined": None, "shipped": SHIPPED}
     start_schema = {
         "type": "object",
@@ -128,7 +141,7 @@ class OrderFulfilment(Workflow[dict]):
     )
     fraud_blocked = fail(reason="BLOCKED")
 
-    joined = join(policy="all", merge="collect", next="shipping", on_failed="cancelled")
+    joined = join(policy="all", merge="collect", next="charge", on_failed="cancelled")
 
     def collect(self, state: dict[str, Any], results: Any, ctx: StepContext) -> dict[str, Any]:
         """Take what each branch found into the order's state."""
@@ -142,6 +155,29 @@ class OrderFulfilment(Workflow[dict]):
             "fraud": fraud.get("fraud") or "reviewed",
             "reviewed_by": fraud.get("reviewed_by"),
         }
+
+    # the payment provider is outside the database: a service step, never an action
+    charge = service(
+        "demo.payments.charge",
+        request="charge_request",
+        result="note_charge",
+        next="shipping",
+        on_failed="cancelled",
+        attempts=4,
+        backoff="1s",
+        max_backoff="5s",
+        retry_on=ProviderBusy,
+        timeout="10s",
+        result_schema=CHARGED,
+    )
+
+    def charge_request(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"amount": state["amount"], "reference": state["payment_reference"]}
+
+    def note_charge(self, state: dict[str, Any], outcome: Any, ctx: StepContext) -> dict[str, Any]:
+        if not outcome.ok:
+            return {**state, "charge_error": outcome.error}
+        return {**state, "charge_id": outcome.result["charge_id"]}
 
     # shipping is a child workflow: the warehouse signals the child, whose end
     # brings its tracking number back here
