@@ -1,4 +1,4 @@
-"""The schema a fresh database has after 0003, as PostgreSQL reports it.
+"""The schema a fresh database has after 0004, as PostgreSQL reports it.
 
 Reviewed against the reference (columns, checks, keys, foreign-key actions,
 index names); schema names are stripped so both placements compare with it.
@@ -6,7 +6,13 @@ index names); schema names are stripped so both placements compare with it.
 
 EXPECTED = {
     "functions": ["pgtrigger_workflow_commands_notify_fa6db"],
-    "sequences": ["workflow_commands_id_seq", "workflow_history_id_seq"],
+    "sequences": [
+        "workflow_commands_id_seq",
+        "workflow_event_consumers_id_seq",
+        "workflow_events_id_seq",
+        "workflow_history_id_seq",
+        "workflow_service_outbox_id_seq",
+    ],
     "tables": {
         "workflow_branch_tokens": {
             "columns": {
@@ -321,6 +327,87 @@ EXPECTED = {
             "indexes": {
                 "wf_timer_workflow_idx": "CREATE INDEX wf_timer_workflow_idx ON workflow_timers USING btree (workflow_id, status)",
                 "workflow_timers_pkey": "CREATE UNIQUE INDEX workflow_timers_pkey ON workflow_timers USING btree (id)",
+            },
+            "triggers": {},
+        },
+        "workflow_event_consumers": {
+            "columns": {
+                "consumer": "character varying(255) NOT NULL",
+                "id": "bigint NOT NULL IDENTITY BY DEFAULT",
+                "last_id": "bigint NOT NULL DEFAULT 0",
+                "last_txid": "bigint NOT NULL DEFAULT 0",
+                "updated_at": "timestamp with time zone NOT NULL DEFAULT statement_timestamp()",
+            },
+            "constraints": {
+                "wf_event_consumer_uniq": "UNIQUE (consumer)",
+                "workflow_event_consumers_pkey": "PRIMARY KEY (id)",
+            },
+            "indexes": {
+                "wf_event_consumer_uniq": "CREATE UNIQUE INDEX wf_event_consumer_uniq ON workflow_event_consumers USING btree (consumer)",
+                "workflow_event_consumers_pkey": "CREATE UNIQUE INDEX workflow_event_consumers_pkey ON workflow_event_consumers USING btree (id)",
+            },
+            "triggers": {},
+        },
+        "workflow_events": {
+            "columns": {
+                "branch_id": "character varying(255) NULL",
+                "command_id": "bigint NULL",
+                "data_json": "jsonb NOT NULL DEFAULT '{}'::jsonb",
+                "definition_id": "character varying(255) NOT NULL",
+                "definition_version": "integer NOT NULL",
+                "event_type": "character varying(64) NOT NULL",
+                "fork_step_id": "character varying(255) NULL",
+                "id": "bigint NOT NULL IDENTITY BY DEFAULT",
+                "recorded_at": "timestamp with time zone NOT NULL DEFAULT statement_timestamp()",
+                "step_id": "character varying(255) NULL",
+                "txid": "bigint NOT NULL DEFAULT ((pg_current_xact_id())::text)::bigint",
+                "workflow_id": "uuid NOT NULL",
+            },
+            "constraints": {"workflow_events_pkey": "PRIMARY KEY (id)"},
+            "indexes": {
+                "wf_event_txid_id_idx": "CREATE INDEX wf_event_txid_id_idx ON workflow_events USING btree (txid, id)",
+                "wf_event_workflow_idx": "CREATE INDEX wf_event_workflow_idx ON workflow_events USING btree (workflow_id, id)",
+                "workflow_events_pkey": "CREATE UNIQUE INDEX workflow_events_pkey ON workflow_events USING btree (id)",
+            },
+            "triggers": {},
+        },
+        "workflow_service_outbox": {
+            "columns": {
+                "attempts": "integer NOT NULL DEFAULT 0",
+                "available_at": "timestamp with time zone NOT NULL DEFAULT statement_timestamp()",
+                "branch_id": "character varying(255) NULL",
+                "branch_token_id": "uuid NULL",
+                "claim_token": "uuid NULL",
+                "claimed_by": "character varying(255) NULL",
+                "command_id": "bigint NULL",
+                "context_json": "jsonb NULL",
+                "created_at": "timestamp with time zone NOT NULL DEFAULT statement_timestamp()",
+                "delivered_at": "timestamp with time zone NULL",
+                "dispatch_key": "character varying(512) NOT NULL",
+                "fork_step_id": "character varying(255) NULL",
+                "handler": "character varying(255) NOT NULL",
+                "id": "bigint NOT NULL IDENTITY BY DEFAULT",
+                "last_error": "text NULL",
+                "lease_until": "timestamp with time zone NULL",
+                "outcome": "character varying(16) NULL",
+                "policy_json": "jsonb NOT NULL DEFAULT '{}'::jsonb",
+                "request_json": "jsonb NULL",
+                "state": "character varying(16) NOT NULL DEFAULT 'PENDING'::character varying",
+                "step_id": "character varying(255) NOT NULL",
+                "updated_at": "timestamp with time zone NOT NULL DEFAULT statement_timestamp()",
+                "workflow_id": "uuid NOT NULL",
+            },
+            "constraints": {
+                "wf_svc_dispatch_key_uniq": "UNIQUE (workflow_id, dispatch_key)",
+                "wf_svc_state_check": "CHECK (((state)::text = ANY ((ARRAY['PENDING'::character varying, 'CLAIMED'::character varying, 'DELIVERED'::character varying, 'CANCELLED'::character varying])::text[])))",
+                "workflow_service_outbox_pkey": "PRIMARY KEY (id)",
+            },
+            "indexes": {
+                "wf_svc_claimed_lease_idx": "CREATE INDEX wf_svc_claimed_lease_idx ON workflow_service_outbox USING btree (lease_until) WHERE ((state)::text = 'CLAIMED'::text)",
+                "wf_svc_dispatch_key_uniq": "CREATE UNIQUE INDEX wf_svc_dispatch_key_uniq ON workflow_service_outbox USING btree (workflow_id, dispatch_key)",
+                "wf_svc_pending_avail_idx": "CREATE INDEX wf_svc_pending_avail_idx ON workflow_service_outbox USING btree (available_at) WHERE ((state)::text = 'PENDING'::text)",
+                "wf_svc_workflow_idx": "CREATE INDEX wf_svc_workflow_idx ON workflow_service_outbox USING btree (workflow_id)",
+                "workflow_service_outbox_pkey": "CREATE UNIQUE INDEX workflow_service_outbox_pkey ON workflow_service_outbox USING btree (id)",
             },
             "triggers": {},
         },

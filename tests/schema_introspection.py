@@ -21,7 +21,7 @@ def _strip(text: str, schema: str) -> str:
 def describe(conn: Any, schema: str) -> dict[str, Any]:
     out: dict[str, Any] = {"tables": {}}
     cur = conn.cursor()
-    for table in tables.ALL_TABLES:
+    for table in (*tables.ALL_TABLES, *tables.SIDE_EFFECT_TABLES):
         cur.execute(
             """SELECT column_name, data_type,
                       COALESCE(character_maximum_length::text, ''), is_nullable,

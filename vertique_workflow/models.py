@@ -1,4 +1,4 @@
-"""Django models of the eleven workflow tables.
+"""Django models of the eleven workflow tables, and of the side-effect tables of 0004.
 
 The models describe the tables for the ORM (admin, queries, tests); the hot
 paths of the engine use the raw statements of ``store/``. Database behaviour
@@ -642,7 +642,8 @@ class WorkflowEvent(models.Model):
 class WorkflowEventConsumer(models.Model):
     """A named consumer's acknowledged position in ``workflow_events``."""
 
-    consumer = models.CharField(max_length=255, primary_key=True)
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(max_length=255)
     last_txid = models.BigIntegerField(db_default=0)
     last_id = models.BigIntegerField(db_default=0)
     updated_at = models.DateTimeField(db_default=Now())
@@ -650,6 +651,12 @@ class WorkflowEventConsumer(models.Model):
     class Meta:
         db_table = tables.qualified(tables.EVENT_CONSUMERS)
         verbose_name = "workflow event consumer"
+        # a named constraint, not unique=True: Django names the extra
+        # varchar_pattern_ops index of a unique CharField after the qualified
+        # table, which would differ between placements
+        constraints = [
+            models.UniqueConstraint(fields=["consumer"], name="wf_event_consumer_uniq")
+        ]
 
     def __str__(self) -> str:
         return f"{self.consumer} at ({self.last_txid}, {self.last_id})"

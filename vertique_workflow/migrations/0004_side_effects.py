@@ -26,7 +26,8 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="WorkflowEventConsumer",
             fields=[
-                ("consumer", models.CharField(max_length=255, primary_key=True, serialize=False)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("consumer", models.CharField(max_length=255)),
                 ("last_txid", models.BigIntegerField(db_default=0)),
                 ("last_id", models.BigIntegerField(db_default=0)),
                 (
@@ -37,6 +38,9 @@ class Migration(migrations.Migration):
             options={
                 "verbose_name": "workflow event consumer",
                 "db_table": tables.qualified(tables.EVENT_CONSUMERS),
+                "constraints": [
+                    models.UniqueConstraint(fields=("consumer",), name="wf_event_consumer_uniq")
+                ],
             },
         ),
         migrations.CreateModel(
