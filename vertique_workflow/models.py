@@ -654,9 +654,7 @@ class WorkflowEventConsumer(models.Model):
         # a named constraint, not unique=True: Django names the extra
         # varchar_pattern_ops index of a unique CharField after the qualified
         # table, which would differ between placements
-        constraints = [
-            models.UniqueConstraint(fields=["consumer"], name="wf_event_consumer_uniq")
-        ]
+        constraints = [models.UniqueConstraint(fields=["consumer"], name="wf_event_consumer_uniq")]
 
     def __str__(self) -> str:
         return f"{self.consumer} at ({self.last_txid}, {self.last_id})"
