@@ -237,3 +237,51 @@ def test_the_admin_shows_an_instances_service_calls_and_the_diagram_draws_the_st
     listing = admin_client.get("/admin/vertique_workflow/workflowservicecall/?state=DELIVERED")
     assert listing.status_code == 200 and "test.charge" in listing.content.decode()
     assert "service test.charge" in render_svg(catalog.get("svc-charge", 1))
+
+
+def test_an_unregistered_handler_name_fails_the_system_check_at_startup():
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    from vertique_workflow import registry
+    from vertique_workflow.definitions import Workflow, catalog, end, service
+
+    class Unregistered(Workflow[dict]):
+        id, version, contract = "svc-unregistered", 1, "svc-unregistered.v1"
+        pay = service("nobody.registered.this", start=True, next="done")
+        done = end()
+
+    plan = catalog.register(Unregistered)
+    try:
+        with pytest.raises(SystemCheckError) as refused:
+            call_command("check")
+        text = str(refused.value)
+        assert "vertique_workflow.E020" in text
+        assert "'svc-unregistered' v1 step 'pay'" in text
+        assert "'nobody.registered.this'" in text
+    finally:
+        catalog.remove(plan.id, plan.version)
+        registry._reset_sync_state()
+    call_command("check")  # the registered handlers of the other plans pass
+
+
+def test_handlers_listed_in_the_settings_are_found_by_name(settings):
+    from vertique_workflow.side_effects.handlers import get_handler, handler_names
+
+    settings.VERTIQUE_WORKFLOW = {
+        "SERVICE_HANDLERS": {"listed.charge": "tests.flows.services.charge"}
+    }
+    from tests.flows.services import charge
+
+    assert "listed.charge" in handler_names()
+    assert get_handler("listed.charge") is charge
+
+
+def test_a_missing_required_recorder_fails_the_transition_with_a_clear_error(settings):
+    settings.VERTIQUE_WORKFLOW = {"RECORDERS": []}
+    instance = start("svc-charge", {"amount": 1})
+    run_until_idle()
+    view = wf.get(instance)
+    assert (view.status, view.error_type) == ("FAILED", "SIDE_EFFECT_RECORDER_MISSING")
+    assert "step 'pay'" in view.error_message
+    assert WorkflowServiceCall.objects.count() == 0
