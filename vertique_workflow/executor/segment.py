@@ -48,6 +48,7 @@ from ..engine.tokens import JoinView, Token
 from ..engine.transition import failed_branch_of
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import DEFAULT_SCOPE, resident_plan
+from ..side_effects.events import listening
 from ..store import branches as branch_store
 from ..store import commands, db, history, instances, tasks, timers
 from ..store import joins as join_store
@@ -443,6 +444,7 @@ def _segment(
         actor=command.actor,
         max_state_bytes=workflow_settings.MAX_PAYLOAD_BYTES,
         failed_branches=failed_branches,
+        emit_events=listening(),
     )
     if command.kind == "RETRY" and not (command.target or {}).get("branchId"):
         return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None
