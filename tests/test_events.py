@@ -297,3 +297,69 @@ def test_concurrent_executors_deliver_every_event_once_in_instance_order(recorde
         mine = [e for e in seen if e.workflow_id == instance]
         assert [e.event_type for e in mine] == types_of(instance)
         assert mine[0].event_type == "WORKFLOW_STARTED"
+
+
+def events_of(instance_id: Any) -> list[WorkflowEvent]:
+    return list(WorkflowEvent.objects.filter(workflow_id=instance_id).order_by("txid", "id"))
+
+
+def test_a_task_emits_opened_then_completed(recorded):
+    from vertique_workflow.models import WorkflowTask
+
+    instance = wf.start("review", {"manager": "ann"}, idempotency_key="t1").id
+    run_until_idle()
+    task = WorkflowTask.objects.get(workflow_id=instance)
+    [opened] = [e for e in events_of(instance) if e.event_type == "TASK_OPENED"]
+    assert (opened.step_id, opened.data_json["taskId"]) == ("review", str(task.id))
+    wf.complete_task(task.id, "approve", idempotency_key="c1")
+    run_until_idle()
+    [completed] = [e for e in events_of(instance) if e.event_type == "TASK_COMPLETED"]
+    assert completed.data_json == {"taskId": str(task.id), "decision": "approve"}
+    assert types_of(instance)[-1] == "WORKFLOW_COMPLETED"
+
+
+def test_a_service_step_emits_service_dispatched(recorded):
+    instance = wf.start("svc-charge", {"amount": 5}, idempotency_key="s1").id
+    run_until_idle(services=False)
+    [dispatched] = [e for e in events_of(instance) if e.event_type == "SERVICE_DISPATCHED"]
+    assert dispatched.step_id == "pay"
+    assert dispatched.data_json["dispatchKey"].startswith(f"vertique.service:{instance}:")
+
+
+def test_branch_steps_carry_the_branch_identity(recorded):
+    instance = wf.start("parallel", {}, idempotency_key="b1").id
+    run_until_idle()
+    entered = {
+        (e.step_id, e.fork_step_id, e.branch_id)
+        for e in events_of(instance)
+        if e.event_type == "STEP_ENTERED"
+    }
+    assert {("run_a", "split", "a"), ("wait_b", "split", "b"), ("wait_c", "split", "c")} <= entered
+    assert ("split", None, None) in entered
+    wf.signal(instance, "go", None, dedup_key="go-b", branch=("split", "b"))
+    run_until_idle()
+    [applied] = [e for e in events_of(instance) if e.event_type == "SIGNAL_APPLIED"]
+    assert applied.data_json == {"signal": "go", "forkStepId": "split", "branchId": "b"}
+    after = [e for e in events_of(instance) if e.txid == applied.txid]
+    assert ("finish_b", "split", "b") in {(e.step_id, e.fork_step_id, e.branch_id) for e in after}
+    assert ("wait_b", "split", "b") not in {
+        (e.step_id, e.fork_step_id, e.branch_id) for e in after if e.event_type == "STEP_ENTERED"
+    }, "the wait the signal ends is left, not entered"
+
+
+def test_a_failed_step_emits_workflow_failed(recorded, heard):
+    from tests.flows.workflows import Billing
+
+    Billing.non_retryable = True
+    instance = wf.start("billing", {}, idempotency_key="f1").id
+    run_until_idle()
+    wf.signal(instance, "charge", None, dedup_key="charge-1")
+    run_until_idle()
+    assert wf.get(instance).status == "FAILED"
+    [failed] = [e for e in events_of(instance) if e.event_type == "WORKFLOW_FAILED"]
+    from vertique_workflow.models import WorkflowInstance
+
+    stored = WorkflowInstance.objects.get(id=instance)
+    assert (failed.step_id, failed.data_json) == ("charge", {"errorType": stored.error_type})
+    assert stored.error_type
+    assert heard[-1].event_type == "WORKFLOW_FAILED"

@@ -390,8 +390,18 @@ def _fail(claim: Claimed, code: str, exc: BaseException, started: float) -> Outc
 
 
 def _notify_parent_of_failure(workflow_id: Any) -> None:
-    """A child FAILED by its executor tells its parent, in the same transaction."""
+    """A child FAILED by its executor tells its parent, in the same transaction.
+
+    An instance failed here ran no drive, so its WORKFLOW_FAILED event is
+    emitted here too (when someone listens), in the same transaction.
+    """
     row = instances.get(workflow_id)
+    if row is not None and row.status == "FAILED" and listening():
+        from ..side_effects.events import WORKFLOW_FAILED, EmitEvent, emit
+
+        data = {"errorType": row.error_type}
+        failed = EmitEvent(WORKFLOW_FAILED, row.current_step_id, data)
+        emit([failed], row.id, None, row.definition_id, row.definition_version)
     if row is not None and row.status == "FAILED" and (row.metadata or {}).get("parent"):
         from ..operations import notify_parent
 
