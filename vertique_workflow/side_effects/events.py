@@ -94,9 +94,12 @@ def listening() -> bool:
 
     The segment asks once per drive; when False the engine derives none.
     """
-    from .recorders import EVENT_KIND, recorder_for
+    from . import recorders
 
-    return recorder_for(EVENT_KIND) is not None or workflow_event.has_listeners()
+    built = recorders._recorders  # the hot path: no lock once the recorders are built
+    if built is None:
+        built = recorders.installed_recorders()
+    return recorders.EVENT_KIND in built or workflow_event.has_listeners()
 
 
 def _row(
