@@ -349,6 +349,26 @@ def _replayed_signal(
     return SignalReceipt(workflow_id, name, None, duplicate=True)
 
 
+def _emit_cancelled(row: Any, reason: str) -> None:
+    """WORKFLOW_CANCELLED, in the cancel's transaction (a cancel runs no segment)."""
+    from .side_effects import events as workflow_events
+
+    if workflow_events.listening():
+        workflow_events.emit(
+            [
+                workflow_events.EmitEvent(
+                    workflow_events.WORKFLOW_CANCELLED,
+                    row.current_step_id,
+                    {"reason": reason[:255]},
+                )
+            ],
+            row.id,
+            None,
+            row.definition_id,
+            row.definition_version,
+        )
+
+
 def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None) -> bool:
     """Cancel an instance and every open command of it; False when it had already ended.
 
@@ -408,6 +428,7 @@ def cancel(instance_id: Any, *, reason: str, actor: context.Actor | None = None)
                 HistoryEntry("WORKFLOW_CANCELLED", {"reason": reason[:255]}, outcome="CANCELLED")
             )
             history.append(workflow_id, entries, **stored.history_columns())
+            _emit_cancelled(row, reason)
             notify_parent(row, "CANCELLED", None, "CANCELLED")
         except DatabaseError as exc:
             raise db.translate(exc, "cancel") from None

@@ -167,6 +167,10 @@ def drive(plan: Plan, snapshot: Snapshot, event: Event, facts: RunFacts) -> Tran
     tokens.execute()
     result = tokens.result()
     check_state_size(result, facts.max_state_bytes)
+    if facts.emit_events:
+        from .emitted import emitted
+
+        result.effects.extend(emitted(event, result, snapshot))
     return result
 
 

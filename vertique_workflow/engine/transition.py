@@ -87,6 +87,10 @@ class RunFacts:
     # The drive fails that branch there instead of running the step again, so
     # its join's policy decides (see Drive.branch_path).
     failed_branches: tuple[tuple[str, str, str], ...] = ()
+    # set by the segment when someone listens (an ``event`` recorder or a
+    # ``workflow_event`` receiver): the drive then appends its EmitEvent
+    # effects (engine/emitted.py); otherwise it derives none
+    emit_events: bool = False
 
     def failed_at(self, path: str, step_id: str) -> str | None:
         """The error text when the branch ``path`` failed terminally at ``step_id``."""

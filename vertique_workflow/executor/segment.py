@@ -48,6 +48,7 @@ from ..engine.tokens import JoinView, Token
 from ..engine.transition import failed_branch_of
 from ..exceptions import NonRetryable, WorkflowDefinitionError
 from ..pins import DEFAULT_SCOPE, resident_plan
+from ..side_effects.events import listening
 from ..store import branches as branch_store
 from ..store import commands, db, history, instances, tasks, timers
 from ..store import joins as join_store
@@ -389,8 +390,18 @@ def _fail(claim: Claimed, code: str, exc: BaseException, started: float) -> Outc
 
 
 def _notify_parent_of_failure(workflow_id: Any) -> None:
-    """A child FAILED by its executor tells its parent, in the same transaction."""
+    """A child FAILED by its executor tells its parent, in the same transaction.
+
+    An instance failed here ran no drive, so its WORKFLOW_FAILED event is
+    emitted here too (when someone listens), in the same transaction.
+    """
     row = instances.get(workflow_id)
+    if row is not None and row.status == "FAILED" and listening():
+        from ..side_effects.events import WORKFLOW_FAILED, EmitEvent, emit
+
+        data = {"errorType": row.error_type}
+        failed = EmitEvent(WORKFLOW_FAILED, row.current_step_id, data)
+        emit([failed], row.id, None, row.definition_id, row.definition_version)
     if row is not None and row.status == "FAILED" and (row.metadata or {}).get("parent"):
         from ..operations import notify_parent
 
@@ -443,6 +454,7 @@ def _segment(
         actor=command.actor,
         max_state_bytes=workflow_settings.MAX_PAYLOAD_BYTES,
         failed_branches=failed_branches,
+        emit_events=listening(),
     )
     if command.kind == "RETRY" and not (command.target or {}).get("branchId"):
         return recovery.run(plan, loaded, claim.token, facts, _common(loaded, node_id)), None

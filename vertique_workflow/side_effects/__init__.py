@@ -12,8 +12,9 @@ hand-off only (the reference's ``WorkflowSideEffectRecorder``).
 Recorders are listed in ``VERTIQUE_WORKFLOW["RECORDERS"]`` (dotted paths of
 classes, instantiated once per process); each names the ``kind`` it records.
 A required effect with no recorder of its kind fails the transition with
-``SIDE_EFFECT_RECORDER_MISSING``; events are optional and skipped when no
-``event`` recorder is installed.
+``SIDE_EFFECT_RECORDER_MISSING``; events are optional: recorded by the
+``event`` recorder when installed (``events.EventsRecorder``) and sent as
+``workflow_event`` after the commit when it has receivers.
 """
 
 from __future__ import annotations

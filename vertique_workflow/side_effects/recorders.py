@@ -152,17 +152,19 @@ def record(
     A dispatch whose key an earlier committed transition of the same
     workflow and branch already claimed is skipped (recorded once). A
     required effect with no recorder of its kind raises ``NonRetryable``
-    ``SIDE_EFFECT_RECORDER_MISSING`` naming the kind and the step; an
-    ``EmitEvent`` without an ``event`` recorder is dropped.
+    ``SIDE_EFFECT_RECORDER_MISSING`` naming the kind and the step. The
+    ``EmitEvent`` effects go to ``events.emit``: recorded when an ``event``
+    recorder is installed, sent as ``workflow_event`` after the commit when
+    it has receivers.
     """
     from ..store import dedup
     from ..store.definitions import DEFAULT_SCOPE
 
     grouped: dict[str, list[Any]] = {}
+    emitted: list[EmitEvent] = []
     for effect in effects:
         if isinstance(effect, EmitEvent):
-            if recorder_for(EVENT_KIND) is not None:
-                grouped.setdefault(EVENT_KIND, []).append(effect)
+            emitted.append(effect)
             continue
         assert isinstance(effect, RecordSideEffect)
         if recorder_for(effect.kind) is None:
@@ -187,6 +189,10 @@ def record(
         ):
             continue  # recorded by an earlier transition: dispatch dedup
         grouped.setdefault(effect.kind, []).append(effect)
+    if emitted:  # recorded (when installed) and signalled after commit (when heard)
+        from .events import emit
+
+        emit(emitted, workflow_id, command_id, definition_id, definition_version)
     for kind, batch in grouped.items():
         recorder = recorder_for(kind)
         assert recorder is not None
