@@ -11,9 +11,11 @@ from vertique_workflow.definitions import (
     end,
     fork,
     join,
+    service,
     timer,
     wait,
 )
+from vertique_workflow.side_effects import service_handler
 
 
 class ThreeActions(Workflow[dict]):
@@ -91,4 +93,18 @@ class SignalledFanOut(Workflow[dict]):
         return {**state, "done": ctx.branch_item}
 
     gathered = join(policy="all", next="done")
+    done = end()
+
+
+@service_handler("bench.noop")
+def _noop_handler(request: dict[str, Any], call: Any) -> dict[str, Any]:
+    return {"ok": True}
+
+
+class OneService(Workflow[dict]):
+    """start → service (a no-op handler through the outbox and the relay) → end."""
+
+    id, version, contract = "bench-service", 1, "bench.service"
+
+    call_out = service("bench.noop", start=True, next="done", timeout="10s")
     done = end()

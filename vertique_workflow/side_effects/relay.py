@@ -20,6 +20,7 @@ failed attempt, ``HANDLER_TIMEOUT``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -202,6 +203,7 @@ class Relay:
         self.stats = RelayStats()
         self._wake = threading.Event()
         self._stats_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -217,15 +219,28 @@ class Relay:
             for one in claimed:
                 self.serve(one)
         else:
-            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(claimed))) as pool:
-                list(pool.map(self._serve_in_thread, claimed))
+            # the pool's threads keep their connections between batches: a new
+            # connection per call would cost more than the call's own statements
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="relay")
+            list(self._pool.map(self.serve, claimed))
         return len(claimed)
 
-    def _serve_in_thread(self, claimed: Any) -> None:
-        try:
-            self.serve(claimed)
-        finally:
+    def close(self) -> None:
+        """Stop the pool and close the connections its threads opened."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        barrier = threading.Barrier(self.concurrency, timeout=5)
+
+        def close_connections() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait()  # one call per thread: each closes its own
             connections.close_all()
+
+        for _ in range(self.concurrency):
+            pool.submit(close_connections)
+        pool.shutdown(wait=True)
 
     def serve(self, claimed: Any) -> str:
         """Call one claimed dispatch's handler and settle it; returns what happened."""
@@ -311,4 +326,5 @@ class Relay:
                 self._wake.clear()
         finally:
             recorder_module._wake_callbacks.remove(self.wake)
+            self.close()
             close_old_connections()
