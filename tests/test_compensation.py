@@ -150,3 +150,41 @@ def test_the_plan_hash_covers_compensate():
     plan = OrderSaga.plan()
     assert plan.steps["reserve"].canonical()["compensate"] == "release"
     assert plan.compensation_steps == {"release", "refund_charge", "recall"}
+
+
+def test_the_admin_and_the_diagram_render_the_new_statuses(admin_client):
+    from django.urls import reverse
+
+    from vertique_workflow import registry
+    from vertique_workflow.models import WorkflowInstance
+
+    registry.sync_code_definitions()
+    compensated = start("comp-order", {"refuse_ship": True}, key="a-1")
+    compensating = start("comp-payment", {"reject": True, "refund_fail": 9}, key="a-2")
+    run_until_idle(services=False)
+    from vertique_workflow.side_effects.relay import Relay
+
+    Relay("test").run_once()
+    run_until_idle(services=False)
+    assert wf.get(compensated).status == "COMPENSATED"
+    assert wf.get(compensating).status == "COMPENSATING"
+
+    def change(pk: Any) -> str:
+        return reverse("admin:vertique_workflow_workflowinstance_change", args=[pk])
+
+    listing = reverse("admin:vertique_workflow_workflowinstance_changelist")
+    pages = [
+        listing,
+        listing + "?status__exact=COMPENSATED",
+        listing + "?status__exact=COMPENSATING",
+        change(compensated),
+        change(compensating),
+        change(compensated) + "?at=5",
+        reverse("admin:vertique_workflow_definition", args=["default", "comp-order", 1]),
+    ]
+    for page in pages:
+        response = admin_client.get(page)
+        assert response.status_code == 200, page
+    body = admin_client.get(change(compensated)).content.decode()
+    assert "COMPENSATED" in body and "refund_charge" in body
+    assert WorkflowInstance.objects.get(pk=compensating).status == "COMPENSATING"
