@@ -916,5 +916,6 @@ class EagerFailFlow(Workflow[dict]):
 
 
 # the how-to's parcel documents name callables registered there
+from . import compensation as _compensation  # noqa: E402, F401
 from . import parcels as _parcels  # noqa: E402, F401
 from . import services as _services  # noqa: E402, F401

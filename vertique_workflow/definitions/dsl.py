@@ -88,6 +88,7 @@ class StepSpec:
     join: Mapping[str, Any] | None = None
     call: Mapping[str, Any] | None = None
     service: Mapping[str, Any] | None = None
+    compensate: str | None = None
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None or self.func is None:
@@ -104,6 +105,7 @@ class _StepDecorator:
     next: str | None = None
     targets: tuple[str, ...] = ()
     retry: RetryPolicy | None = None
+    compensate: str | None = None
 
     def __call__(self, func: F) -> F:
         if not inspect.isfunction(func):
@@ -117,6 +119,7 @@ class _StepDecorator:
             targets=self.targets,
             func=func,
             retry=self.retry,
+            compensate=self.compensate,
         )
         return cast(F, spec)
 
@@ -125,7 +128,11 @@ class _StepDecorator:
 def action(func: F, /) -> F: ...
 @overload
 def action(
-    *, start: bool = False, next: str | None = None, retry: RetryPolicy | None = None
+    *,
+    start: bool = False,
+    next: str | None = None,
+    retry: RetryPolicy | None = None,
+    compensate: str | None = None,
 ) -> Callable[[F], F]: ...
 def action(
     func: Callable[..., Any] | None = None,
@@ -134,13 +141,17 @@ def action(
     start: bool = False,
     next: str | None = None,
     retry: RetryPolicy | None = None,
+    compensate: str | None = None,
 ) -> Any:
     """Declare a method ``(self, state, ctx) -> state`` as an action step going to ``next``.
 
     ``retry`` (``Retry(max_attempts=..., backoff=..., max_backoff=..., never=...)``)
     sets how this step is retried when it raises; see ``definitions/retry.py``.
+    ``compensate`` names the step that undoes this one when a ``fail`` step is
+    reached later (docs/side-effects.md, "Compensation"); a compensation
+    step itself declares no ``next``.
     """
-    decorator = _StepDecorator("action", start=start, next=next, retry=retry)
+    decorator = _StepDecorator("action", start=start, next=next, retry=retry, compensate=compensate)
     return decorator(func) if func is not None else decorator
 
 
@@ -379,6 +390,7 @@ def service(
     result_schema: Mapping[str, Any] | None = None,
     start: bool = False,
     retry: RetryPolicy | None = None,
+    compensate: str | None = None,
 ) -> StepSpec:
     """Call the service handler registered as ``handler`` through the outbox, then ``next``.
 
@@ -392,7 +404,8 @@ def service(
     A call that failed for good goes to ``on_failed`` (the instance fails
     without it). ``retry`` is the policy of ``request`` and ``result`` when
     they raise in the segment, not of the handler (``attempts``, ``backoff``
-    and ``retry_on`` are).
+    and ``retry_on`` are). ``compensate`` names the step that undoes a
+    successful call when a ``fail`` step is reached later.
     """
     options: dict[str, Any] = {
         "handler": handler,
@@ -406,7 +419,9 @@ def service(
         "retry_on": retry_on,
         "result_schema": result_schema,
     }
-    return StepSpec("service", start=start, next=next, service=options, retry=retry)
+    return StepSpec(
+        "service", start=start, next=next, service=options, retry=retry, compensate=compensate
+    )
 
 
 def end(*, start: bool = False) -> StepSpec:
@@ -666,6 +681,7 @@ def _compile_step(cls: type, instance: object, name: str, spec: StepSpec) -> Ste
             callback_name=qualified,
             targets=spec.targets,
             retry=spec.retry,
+            compensate=spec.compensate,
         )
     if spec.kind == "wait":
         apply, apply_name = spec.apply, None
@@ -714,7 +730,12 @@ def _compile_step(cls: type, instance: object, name: str, spec: StepSpec) -> Ste
             cls, instance, name, "result", fields["result"]
         )
         return Step(
-            name, "service", next=spec.next, service=ServiceSpec(**fields), retry=spec.retry
+            name,
+            "service",
+            next=spec.next,
+            service=ServiceSpec(**fields),
+            retry=spec.retry,
+            compensate=spec.compensate,
         )
     return Step(name, spec.kind, reason=spec.reason)  # type: ignore[arg-type]
 

@@ -136,6 +136,9 @@ class Step:
     join: JoinSpec | None = None
     call: CallSpec | None = None
     service: ServiceSpec | None = None
+    # the step that undoes this one (an action or service step run only as a
+    # compensation, when a ``fail`` step is reached later; see engine/compensation.py)
+    compensate: str | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -204,6 +207,8 @@ class Step:
             spec = getattr(self, name)
             if spec is not None:
                 data[name] = spec.canonical()
+        if self.compensate is not None:
+            data["compensate"] = self.compensate
         return data
 
     def timer_fire(self, state: Any, ctx: Any) -> TimerFire:
@@ -358,6 +363,17 @@ class Plan:
                 for step in self.steps.values()
                 if step.kind == "fork" and step.fork is not None
             }
+        )
+
+    @cached_property
+    def compensation_steps(self) -> frozenset[str]:
+        """Ids of the steps some step names as its ``compensate`` (run only as compensations).
+
+        Empty for a plan that declares no compensation: its ``fail`` steps
+        never read the history for compensations.
+        """
+        return frozenset(
+            step.compensate for step in self.steps.values() if step.compensate is not None
         )
 
     def step(self, step_id: str) -> Step:

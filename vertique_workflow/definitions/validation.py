@@ -40,7 +40,7 @@ MAX_REASON_LENGTH = 128  # a fail reason is stored as error_type VARCHAR(128)
 
 # Which optional Step fields each kind may set; the rest must stay empty.
 _ALLOWED_FIELDS: dict[str, frozenset[str]] = {
-    "action": frozenset({"next", "callback", "retry"}),
+    "action": frozenset({"next", "callback", "retry", "compensate"}),
     "decision": frozenset({"callback", "targets", "retry"}),
     "wait": frozenset({"next", "signals", "on_signal", "apply", "retry", "timeout", "on_timeout"}),
     "timer": frozenset({"next", "delay", "until", "retry"}),
@@ -48,7 +48,7 @@ _ALLOWED_FIELDS: dict[str, frozenset[str]] = {
     "fork": frozenset({"fork", "retry"}),
     "join": frozenset({"next", "join", "retry"}),
     "call": frozenset({"call", "retry"}),
-    "service": frozenset({"next", "service", "retry"}),
+    "service": frozenset({"next", "service", "retry", "compensate"}),
     "end": frozenset(),
     "fail": frozenset({"reason"}),
 }
@@ -70,6 +70,7 @@ _OPTIONAL_FIELDS = (
     "join",
     "call",
     "service",
+    "compensate",
 )
 
 
@@ -111,6 +112,7 @@ def validate(plan: Plan) -> None:
         _check_step(plan, step)
     if plan.start not in plan.steps:
         _fail(plan, plan.start, "the start step does not exist")
+    _check_compensations(plan)
     _check_fork_joins(plan)
     _check_reachable(plan)
     _check_branch_paths(plan)
@@ -253,7 +255,7 @@ def _transitions(step: Step) -> Iterator[tuple[str, Any]]:
 def _check_action(plan: Plan, step: Step) -> None:
     if step.callback is None:
         _fail(plan, step.id, "an action needs a callback")
-    if step.next is None:
+    if step.next is None and step.id not in plan.compensation_steps:
         _fail(plan, step.id, "an action needs next: actions must say where they go")
     _check_callback_name(plan, step)
 
@@ -491,7 +493,7 @@ def _check_service(plan: Plan, step: Step) -> None:
         _fail(plan, step.id, "a service step needs a service built with service(...)")
     if not _is_name(spec.handler):
         _fail(plan, step.id, f"handler must be a registered handler name, {_NAME_RULE}")
-    if step.next is None:
+    if step.next is None and step.id not in plan.compensation_steps:
         _fail(plan, step.id, "a service step needs next: where it goes when the call succeeded")
     attempts = spec.attempts
     if (
@@ -567,6 +569,54 @@ def _check_callback_name(plan: Plan, step: Step) -> None:
         _fail(plan, step.id, "the callback needs a name")
 
 
+def _check_compensations(plan: Plan) -> None:
+    """``compensate`` names an action or service step run only as a compensation.
+
+    A compensation step is reached by no transition and is not the start:
+    the engine knows a token standing there is compensating by the step
+    alone (a retry resumes the compensation there). It goes nowhere (no
+    ``next``, no ``on_failed``: a compensation that fails for good fails the
+    instance ``COMPENSATION_FAILED``) and compensates nothing itself.
+    """
+    targeted = {target for step in plan.steps.values() for _, target in _transitions(step)}
+    for step in plan.steps.values():
+        name = step.compensate
+        if name is None:
+            continue
+        if not _is_name(name) or name not in plan.steps:
+            _fail(plan, step.id, f"compensate names unknown step {name!r}")
+        undo = plan.steps[name]
+        if undo.kind not in ("action", "service"):
+            _fail(
+                plan,
+                step.id,
+                f"compensate names {undo.kind} step {name!r}: "
+                "a compensation is an action or a service step",
+            )
+        if name == step.id:
+            _fail(plan, step.id, "a step cannot compensate itself")
+    for step_id in plan.compensation_steps:
+        undo = plan.steps[step_id]
+        if undo.compensate is not None:
+            _fail(plan, step_id, "a compensation step compensates nothing itself (no compensate)")
+        if step_id == plan.start or step_id in targeted:
+            _fail(
+                plan,
+                step_id,
+                "is a compensation step: it runs only as a compensation, "
+                "so no step may go to it and it cannot be the start",
+            )
+        if undo.next is not None:
+            _fail(plan, step_id, "a compensation step takes no next: it is never followed")
+        if undo.service is not None and undo.service.on_failed is not None:
+            _fail(
+                plan,
+                step_id,
+                "a compensation step takes no on_failed: a failed compensation fails the "
+                "instance COMPENSATION_FAILED",
+            )
+
+
 def _check_reachable(plan: Plan) -> None:
     seen = {plan.start}
     queue = deque([plan.start])
@@ -575,6 +625,8 @@ def _check_reachable(plan: Plan) -> None:
             if target not in seen:
                 seen.add(target)
                 queue.append(target)
+    # a compensation step is reached as the compensation of a reachable step
+    seen |= {plan.steps[s].compensate for s in list(seen) if plan.steps[s].compensate}  # type: ignore[misc]
     for step_id in plan.steps:
         if step_id not in seen:
             _fail(plan, step_id, f"is unreachable from the start step {plan.start!r}")
@@ -688,6 +740,14 @@ def _check_branch_paths(plan: Plan) -> None:
         for what, first in fork.fork.first_steps():
             label = what if what.startswith("branch") else "a branch"
             edges = _walk(plan, first, fork, f"{label} of fork {fork.id!r}")
+            for step_id in edges:
+                if plan.steps[step_id].compensate is not None:
+                    _fail(
+                        plan,
+                        step_id,
+                        f"declares compensate but {label} of fork {fork.id!r} can run it: "
+                        "only steps of the instance's own token are compensated",
+                    )
             done = {join} | {sid for sid, targets in edges.items() if not targets}
             grown = True
             while grown:

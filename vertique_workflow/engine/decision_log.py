@@ -155,6 +155,14 @@ def ending_entries(result: DriveResult) -> list[HistoryEntry]:
         return [
             HistoryEntry("WORKFLOW_COMPLETED", {"step": result.current_step}, outcome="COMPLETED")
         ]
+    if result.status == "COMPENSATED":
+        return [
+            HistoryEntry(
+                "WORKFLOW_COMPENSATED",
+                {"reason": result.error_message, "step": result.current_step},
+                outcome="COMPENSATED",
+            )
+        ]
     if result.status == "FAILED":
         return [
             HistoryEntry(

@@ -83,6 +83,9 @@ class Snapshot:
     branches: tuple[Token, ...] = ()
     joins: Mapping[str, JoinView] = field(default_factory=dict)
     more_branches: Callable[[], Sequence[Token]] | None = None
+    # reads the history's compensation marks (engine/compensation.py), set for
+    # plans that declare compensations; read only when a step needs them
+    compensation_marks: Callable[[], Sequence[Any]] | None = None
 
 
 def state_of(plan: Plan, state_json: Any, code: str, step_id: str) -> Any:
@@ -205,6 +208,7 @@ class Drive:
         self.effects: list[Any] = []
         self.tokens: dict[str, Token] = {str(t.id): t for t in snapshot.branches}
         self._unread: Callable[[], Sequence[Token]] | None = snapshot.more_branches
+        self._marks: Sequence[Any] | None = None
         self.runs: dict[str | None, Run] = {}
         self.halts: dict[str | None, tuple[Step, Halt]] = {}
         self.pending: list[tuple[Run, str]] = []
@@ -267,6 +271,13 @@ class Drive:
             self.tokens.clear()
             self.tokens.update(merged)
         return self.tokens
+
+    def compensation_marks(self) -> Sequence[Any]:
+        """The history's compensation marks (read once, on first need; none without a reader)."""
+        if self._marks is None:
+            reader = self.snapshot.compensation_marks
+            self._marks = () if reader is None else tuple(reader())
+        return self._marks
 
     def token(self, key: str) -> Token:
         """The token ``key`` (reading every token when the snapshot did not hold it)."""

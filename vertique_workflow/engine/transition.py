@@ -149,7 +149,7 @@ class DriveResult:
 
     @property
     def ended(self) -> bool:
-        return self.status in ("COMPLETED", "FAILED")
+        return self.status in ("COMPLETED", "COMPENSATED", "FAILED")
 
 
 Transition = DriveResult

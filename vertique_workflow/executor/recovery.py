@@ -79,7 +79,7 @@ def run(
             start_row = commands.read_start(row.id)
             payload = start_row[3] if start_row else {}
             with context.bound(command.context):
-                result = drive(plan, _snapshot(row), Start(payload), facts)
+                result = drive(plan, _snapshot(plan, row), Start(payload), facts)
             fresh_start = True
         elif entry.get("commandId") is not None and resume_status is not None:
             failed_command = int(entry["commandId"])
@@ -87,7 +87,7 @@ def run(
         else:  # failed by a fail step: drive it again
             assert row.current_step_id is not None
             with context.bound(command.context):
-                result = drive(plan, _snapshot(row), Resume(row.current_step_id), facts)
+                result = drive(plan, _snapshot(plan, row), Resume(row.current_step_id), facts)
     entries.insert(
         0,
         HistoryEntry("WORKFLOW_RETRIED", {"commandId": command.id, "wasFailed": failed}),
@@ -119,8 +119,15 @@ def run(
     return "COMPLETED"
 
 
-def _snapshot(row: Any) -> Snapshot:
-    return Snapshot(row.status, row.current_step_id, row.state_json)
+def _snapshot(plan: Plan, row: Any) -> Snapshot:
+    from .segment import compensation_reader
+
+    return Snapshot(
+        row.status,
+        row.current_step_id,
+        row.state_json,
+        compensation_marks=compensation_reader(plan, row.id),
+    )
 
 
 def _admit(plan: Plan, row: Any) -> None:

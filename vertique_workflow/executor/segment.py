@@ -546,8 +546,9 @@ def _snapshot(plan: Plan, row: InstanceRow, event: Event | None = None) -> Snaps
     that branch's tokens (and those enclosing it), any other event none, and
     the drive reads every token only when it needs them (``more_branches``).
     """
+    marks = compensation_reader(plan, row.id)
     if not plan.fork_of_join:
-        return Snapshot(row.status, row.current_step_id, row.state_json)
+        return Snapshot(row.status, row.current_step_id, row.state_json, compensation_marks=marks)
     joins = {
         j.join_key: JoinView(j.join_key, j.fork_key, j.expected, tuple(j.arrived), j.decided)
         for j in join_store.for_instance(row.id)
@@ -561,7 +562,15 @@ def _snapshot(plan: Plan, row: InstanceRow, event: Event | None = None) -> Snaps
         preloaded,
         joins,
         more_branches=lambda: _tokens(branch_store.for_instance(row.id)),
+        compensation_marks=marks,
     )
+
+
+def compensation_reader(plan: Plan, workflow_id: Any) -> Callable[[], list[Any]] | None:
+    """The history reader of a plan's compensations (None: the plan declares none)."""
+    if not plan.compensation_steps:
+        return None
+    return lambda: history.compensation_marks(workflow_id)
 
 
 def _branch_address(event: Event | None) -> dict[str, Any] | None:

@@ -88,7 +88,7 @@ def persist(
         state=result.state,
         error_type=result.error_type,
         error_message=result.error_message,
-        ended=result.status in ("COMPLETED", "FAILED"),
+        ended=result.status in ("COMPLETED", "COMPENSATED", "FAILED"),
         subject=subject,
         entries=entries,
         common=common,
@@ -102,7 +102,7 @@ def persist(
 
 def settle_parked(row: InstanceRow, result: DriveResult) -> None:
     """An ended instance settles its parked and dead commands; a wait re-queues what it accepts."""
-    if result.status == "COMPLETED":
+    if result.status in ("COMPLETED", "COMPENSATED"):
         commands.settle_ended(row.id, cancelled=False)
     elif result.status == "WAITING" and result.waiting:
         commands.requeue_parked(row.id, list(result.waiting))

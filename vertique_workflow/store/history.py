@@ -95,6 +95,17 @@ WHERE workflow_id = %s AND entry_version = 2 AND sequence <= %s
 ORDER BY sequence
 """
 
+# The decisions compensation reads (engine/compensation.py): the instance's own
+# token's recorded steps, compensations run, and the COMPENSATING/COMPENSATED marks.
+COMPENSATION_MARKS = f"""
+SELECT step_id, outcome, payload_json FROM {T["history"]}
+WHERE workflow_id = %s AND event_type = 'DECISION'
+  AND (outcome IN ('COMPENSATING', 'COMPENSATED')
+       OR (payload_json -> 'compensate') IS NOT NULL
+       OR (payload_json -> 'compensates') IS NOT NULL)
+ORDER BY sequence
+"""
+
 LIST = f"""
 SELECT sequence, event_type, payload_json, step_id, outcome, patch_json, entry_version,
        command_id, executor_id, actor_kind, actor_id, created_at
@@ -204,6 +215,16 @@ def decision_log(workflow_id: Any, up_to_sequence: int) -> list[tuple[str, Any, 
     return [
         (row[1], db.load_json(row[2]), db.load_json(row[3]))
         for row in db.fetchall(DECISION_LOG, (workflow_id, up_to_sequence))
+    ]
+
+
+def compensation_marks(workflow_id: Any) -> list[Any]:
+    """The marks of ``engine.compensation``, oldest first (the caller holds the execution lock)."""
+    from ..engine.compensation import Mark
+
+    return [
+        Mark(row[0] or "", row[1] or "", db.load_json(row[2]) or {})
+        for row in db.fetchall(COMPENSATION_MARKS, (workflow_id,))
     ]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from ...definitions import Step
 from ...definitions.services import ServiceOutcome, service_request
+from .. import compensation
 from ..effects import RecordSideEffect
 from ..events import Event, Refusal, ServiceResult
 from ..transition import Halt, Run
@@ -45,6 +46,8 @@ def enter(run: Run, step: Step) -> Halt:
     payload = {"handler": spec.handler, "request": request, "policy": spec.policy()}
     run.effect(RecordSideEffect(NAME, step.id, key, payload))
     run.note(step.id, "SERVICE_DISPATCHED", {"handler": spec.handler, "dispatchKey": key})
+    if compensation.is_compensating(run, step.id):
+        return Halt(compensation.COMPENSATING)
     return Halt("WAITING")
 
 
@@ -80,12 +83,18 @@ def accept(run: Run, step: Step, event: Event) -> str | Halt:
         folded = run.call(step.id, spec.result, run.state, outcome, run.context(step.id))
         if folded is not None:
             run.state = folded
+    compensating = compensation.is_compensating(run, step.id)
     if status == "COMPLETED":
+        detail.update(compensation.recorded_detail(run, step))
         run.log(step.id, "SERVICE_COMPLETED", detail)
+        if compensating:
+            return compensation.after_compensation(run)
         assert step.next is not None
         return step.next
     detail["error"] = error
     run.log(step.id, "SERVICE_FAILED", detail)
+    if compensating:
+        return compensation.compensation_failed(step.id, error or FAILED)
     if spec.on_failed is not None:
         return spec.on_failed
     code = error or FAILED
