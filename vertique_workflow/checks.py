@@ -80,7 +80,9 @@ def check_service_handlers(app_configs: Any = None, **kwargs: Any) -> list[check
     An unregistered name would leave every call of that step failing in the
     relay; it is refused at startup instead (``vertique_workflow.E020``),
     naming the workflow, the version, the step and the handler. Recorder
-    paths that cannot be imported are ``E021``.
+    paths that cannot be imported are ``E021``; the Django Tasks recorder
+    installed without Django's Tasks framework (Django 6.0+ or the
+    ``django-tasks`` backport) is ``E022``.
     """
     from .definitions import catalog
     from .side_effects import installed_recorders
@@ -90,7 +92,10 @@ def check_service_handlers(app_configs: Any = None, **kwargs: Any) -> list[check
     try:
         installed_recorders()
     except ImproperlyConfigured as exc:
-        errors.append(checks.Error(str(exc), id="vertique_workflow.E021"))
+        from .side_effects.django_tasks import MISSING_FRAMEWORK
+
+        code = "E022" if MISSING_FRAMEWORK in str(exc) else "E021"
+        errors.append(checks.Error(str(exc), id=f"vertique_workflow.{code}"))
     known = handler_names()
     for plan in catalog.all():
         for step in plan.steps.values():

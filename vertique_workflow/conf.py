@@ -145,6 +145,12 @@ DEFAULTS: dict[str, Default] = {
         "Lease of a claimed dispatch beyond its step's timeout (then another relay may take it).",
         minimum=1,
     ),
+    "SERVICE_TASK_BACKEND": Default(
+        "default", "TASKS backend alias the Django Tasks recorder enqueues service calls on."
+    ),
+    "SERVICE_TASK_QUEUE": Default(
+        "default", "Queue name of the Django Tasks recorder's service-call tasks."
+    ),
     "EXECUTOR_ENABLED": Default(True, "False: this node only records (writes no CODE rows)."),
     "EXECUTOR_CONCURRENCY": Default(4, "Worker threads of manage.py workflow_executor.", minimum=1),
     "SHUTDOWN_GRACE_SECONDS": Default(

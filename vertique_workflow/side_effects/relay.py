@@ -39,7 +39,7 @@ from ..exceptions import NonRetryable
 from ..executor.backoff import Effective
 from .handlers import ServiceCall, get_handler
 
-__all__ = ["Relay", "RelayStats", "call_handler", "deliver"]
+__all__ = ["Dispatch", "Relay", "RelayStats", "call_handler", "deliver"]
 
 logger = logging.getLogger("vertique_workflow.relay")
 
@@ -90,8 +90,42 @@ def _retryable(exc: BaseException, names: list[str]) -> bool:
     return False
 
 
-def call_handler(claimed: Any) -> Attempt:
-    """Call the handler of a claimed dispatch once, bounded by its timeout; classify the end."""
+@dataclass(frozen=True)
+class Dispatch:
+    """What one handler call needs: filled from an outbox row or from a task's JSON arguments.
+
+    ``attempt`` counts from 1. The relay and the Django Tasks recorder share
+    ``call_handler`` through it, so both classify a handler's end the same way.
+    """
+
+    workflow_id: Any
+    step_id: str
+    dispatch_key: str
+    handler: str
+    request: Any
+    policy: dict[str, Any]
+    attempt: int
+    fork_step_id: str | None = None
+    branch_id: str | None = None
+
+    @classmethod
+    def of(cls, claimed: Any) -> Dispatch:
+        """The dispatch of a claimed outbox row (``store.outbox.ClaimedCall``)."""
+        return cls(
+            claimed.workflow_id,
+            claimed.step_id,
+            claimed.dispatch_key,
+            claimed.handler,
+            claimed.request,
+            claimed.policy or {},
+            claimed.attempts,
+            claimed.fork_step_id,
+            claimed.branch_id,
+        )
+
+
+def call_handler(claimed: Dispatch) -> Attempt:
+    """Call the handler of a dispatch once, bounded by its timeout; classify the end."""
     policy = claimed.policy or {}
     timeout = float(policy.get("timeoutMs", 30000)) / 1000.0
     max_attempts = int(policy.get("attempts", 1))
@@ -104,7 +138,7 @@ def call_handler(claimed: Any) -> Attempt:
         claimed.dispatch_key,
         claimed.workflow_id,
         claimed.step_id,
-        claimed.attempts,
+        claimed.attempt,
         max_attempts,
         timeout,
         claimed.fork_step_id,
@@ -130,7 +164,7 @@ def call_handler(claimed: Any) -> Attempt:
             claimed.workflow_id,
             claimed.step_id,
             timeout,
-            claimed.attempts,
+            claimed.attempt,
         )
         return Attempt("RETRY", code=HANDLER_TIMEOUT, sentence=f"no result within {timeout:g} s")
     if "error" in box:
@@ -142,7 +176,7 @@ def call_handler(claimed: Any) -> Attempt:
             claimed.handler,
             claimed.workflow_id,
             claimed.step_id,
-            claimed.attempts,
+            claimed.attempt,
             exc_info=exc,
         )
         if isinstance(exc, Exception) and _retryable(exc, policy.get("retryOn") or []):
@@ -246,7 +280,7 @@ class Relay:
         """Call one claimed dispatch's handler and settle it; returns what happened."""
         from ..store import outbox
 
-        attempt = call_handler(claimed)
+        attempt = call_handler(Dispatch.of(claimed))
         policy = claimed.policy or {}
         max_attempts = int(policy.get("attempts", 1))
         with self._stats_lock:
