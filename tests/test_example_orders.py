@@ -137,6 +137,18 @@ run_until_idle()
 view = wf.get(refused_charge)
 check("charge_refused", (view.status, view.error_type, view.state.get("charge_error", "")[:15]))
 
+# charged, then undeliverable: the shipping child fails, the order is cancelled and the
+# charge refunded by its compensation (COMPENSATING -> COMPENSATED)
+lost = place(60)
+client.post(f"/orders/{lost}/pay/", {"reference": "PAY-60", "idempotency_key": key()})
+run_until_idle()
+[shipping] = wf.children(lost)
+wf.signal(shipping.id, "undeliverable", None, dedup_key="lost")
+run_until_idle()
+view = wf.get(lost)
+check("compensated", (view.status, view.error_type, view.state.get("refunded"),
+                      PaymentCharge.objects.get(reference="PAY-60").status))
+
 # out of stock: refused before the fork
 sold_out = place(50, sku="none-left")
 view = wf.get(sold_out)
@@ -153,6 +165,7 @@ EXPECTED = {
     "charged": "('PAY-1', 50, 'CHARGED', True)",
     "busy_retried": "('shipping', 77, [('DELIVERED', 2)])",
     "charge_refused": "('FAILED', 'CANCELLED', 'PAYMENT_REFUSED')",
+    "compensated": "('COMPENSATED', 'CANCELLED', True, 'REFUNDED')",
     "ship_form": "True",
     "shipped": "('COMPLETED', 'TRACK-1')",
     "history": "['ARRIVED', 'BRANCH_DECISION', 'FORKED', 'JOINED']",

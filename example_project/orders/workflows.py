@@ -15,6 +15,7 @@ Payment, stock reservation and a fraud check run in parallel, joined
     joined (all; merge) --> charge (service: the fake payment provider, retried)
                               --> shipping -> shipped
                               \\--on_failed--> cancelled
+                 (compensate: refund -- a cancel after the charge refunds it: COMPENSATED)
            \\--on_failed--> cancelled (a refund note, then fails CANCELLED)
 
 ``charge`` is a service step: the charge is recorded in the outbox with the
@@ -169,7 +170,15 @@ class OrderFulfilment(Workflow[dict]):
         retry_on=ProviderBusy,
         timeout="10s",
         result_schema=CHARGED,
+        compensate="refund",
     )
+
+    # the compensation of charge: a later fail step (the order cancelled after
+    # the charge) refunds through the provider, and the order ends COMPENSATED
+    refund = service("demo.payments.refund", request="refund_request", timeout="10s")
+
+    def refund_request(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"charge_id": state["charge_id"]}
 
     def charge_request(self, state: dict[str, Any]) -> dict[str, Any]:
         return {"amount": state["amount"], "reference": state["payment_reference"]}
@@ -207,10 +216,15 @@ class OrderFulfilment(Workflow[dict]):
 
 
 class OrderShipping(Workflow[dict]):
-    """Shipping of one order: the warehouse sends ``shipped``, or it ships by itself after 2h."""
+    """Shipping of one order: the warehouse sends ``shipped`` (or ``undeliverable``).
 
-    id, version, contract = "order-shipping", 1, "orders.shipping"
-    signals = {"shipped": SHIPPED}
+    Without word from the warehouse it ships by itself after 2h. An
+    undeliverable order fails the child, and the parent cancels the order:
+    its charge is refunded by compensation.
+    """
+
+    id, version, contract = "order-shipping", 2, "orders.shipping"
+    signals = {"shipped": SHIPPED, "undeliverable": None}
     start_schema = {
         "type": "object",
         "required": ["sku", "quantity"],
@@ -221,5 +235,13 @@ class OrderShipping(Workflow[dict]):
         "additionalProperties": False,
     }
 
-    dispatch = wait("shipped", next="done", timeout="2h", on_timeout="done", start=True)
+    dispatch = wait(
+        "shipped",
+        "undeliverable",
+        on={"shipped": "done", "undeliverable": "lost"},
+        timeout="2h",
+        on_timeout="done",
+        start=True,
+    )
+    lost = fail(reason="UNDELIVERABLE")
     done = end()
