@@ -386,3 +386,91 @@ def test_a_dataclass_document_state_is_rebuilt_as_the_registered_type() -> None:
     state = plan.state_from_json({"amount": 7})
     assert isinstance(state, flows.Expense)
     assert dataclasses.asdict(state) == {"amount": 7, "approved": False, "approved_by": None}
+
+
+# -- the service step and compensation in a document --------------------------------------
+
+
+class PaymentDoc(Workflow[dict]):
+    """Every option of ``service`` and a compensation, as code and as a document."""
+
+    id, version, contract = "payment-doc", 1, "payment.doc"
+
+    @action(start=True, next="pay", compensate="release")
+    def hold(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return state
+
+    pay = wf.service(
+        "test.charge",
+        next="done",
+        request="pay_request",
+        result="note",
+        on_failed="declined",
+        timeout="20s",
+        attempts=7,
+        backoff="2s",
+        max_backoff="1m",
+        retry_on=(OrderGone, ConnectionError),
+        result_schema={"type": "object", "required": ["charge_id"]},
+        compensate="refund",
+    )
+
+    def pay_request(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"amount": state.get("amount", 0)}
+
+    def note(self, state: dict[str, Any], outcome: Any, ctx: StepContext) -> dict[str, Any]:
+        return state
+
+    refund = wf.service("test.charge")
+
+    @action()
+    def release(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        return state
+
+    declined = wf.fail(reason="DECLINED")
+    done = end()
+
+
+PAYMENT_DOC = """
+id: payment-doc
+version: 1
+contract: payment.doc
+steps:
+  hold: {kind: action, callback: tests.test_documents.PaymentDoc.hold, next: pay,
+         compensate: release}
+  pay:
+    kind: service
+    handler: test.charge
+    next: done
+    request: tests.test_documents.PaymentDoc.pay_request
+    result: tests.test_documents.PaymentDoc.note
+    on_failed: declined
+    timeout: 20s
+    attempts: 7
+    backoff: 2s
+    max_backoff: 1m
+    retry_on: [tests.test_documents.OrderGone, ConnectionError]
+    result_schema: {type: object, required: [charge_id]}
+    compensate: refund
+  refund: {kind: service, handler: test.charge}
+  release: {kind: action, callback: tests.test_documents.PaymentDoc.release}
+  declined: {kind: fail, reason: DECLINED}
+  done: {kind: end}
+"""
+
+
+def test_a_service_step_and_compensations_have_their_document_form() -> None:
+    code = PaymentDoc.plan()
+    plan = compile_document(PAYMENT_DOC)
+    assert plan.canonical() == code.canonical()
+    assert plan.plan_hash == code.plan_hash
+    spec = plan.steps["pay"].service
+    assert spec is not None and spec.retry_on == (OrderGone, ConnectionError)
+    assert spec.request is not None and spec.request({"amount": 3}, None) == {"amount": 3}
+
+
+def test_a_service_document_naming_an_unknown_exception_points_at_it() -> None:
+    text = PAYMENT_DOC.replace("tests.test_documents.OrderGone", "no.such.Error")
+    with pytest.raises(DocumentError, match=r"unknown exception class 'no\.such\.Error'") as caught:
+        compile_document(text)
+    assert "retry_on" in str(caught.value)

@@ -23,6 +23,13 @@ from ..durations import parse_duration
 from ..names import callable_name
 from ..plan import Plan, Step
 from ..retry import RetryPolicy
+from ..services import (
+    DEFAULT_SERVICE_ATTEMPTS,
+    DEFAULT_SERVICE_BACKOFF,
+    DEFAULT_SERVICE_MAX_BACKOFF,
+    DEFAULT_SERVICE_TIMEOUT,
+    ServiceSpec,
+)
 from ..tasks import TaskDecision, TaskSpec, state_arity
 from .errors import DocumentError, Path, format_path
 from .parsing import Parsed
@@ -140,7 +147,7 @@ class _Compiler:
             yield ("start",), self.data["start"]
         for step_id, body in self.data["steps"].items():
             at: Path = ("steps", step_id)
-            for key in ("next", "on_timeout", "on_due", "on_failed", "on_completed"):
+            for key in ("next", "on_timeout", "on_due", "on_failed", "on_completed", "compensate"):
                 if key in body:
                     yield (*at, key), body[key]
             if body["kind"] == "fork":
@@ -204,6 +211,7 @@ class _Compiler:
                 callback_name=name,
                 targets=tuple(body.get("targets", ())),
                 retry=retry,
+                compensate=body.get("compensate"),
             )
         if kind == "wait":
             return self.wait(at, step_id, body, retry)
@@ -240,6 +248,15 @@ class _Compiler:
             return Step(step_id, "join", next=body["next"], join=spec, retry=retry)
         if kind == "call":
             return Step(step_id, "call", call=self.call(at, step_id, body), retry=retry)
+        if kind == "service":
+            return Step(
+                step_id,
+                "service",
+                next=body.get("next"),
+                service=self.service(at, step_id, body),
+                retry=retry,
+                compensate=body.get("compensate"),
+            )
         if kind == "fail":
             return Step(step_id, "fail", reason=body.get("reason", "FAILED"))
         return Step(step_id, "end")
@@ -345,6 +362,44 @@ class _Compiler:
             result=result,
             payload_name=payload_name,
             result_name=result_name,
+        )
+
+    def service(self, at: Path, step_id: str, body: Mapping[str, Any]) -> ServiceSpec:
+        request = request_name = result = result_name = None
+        if "request" in body:
+            request, request_name = self.callable(
+                (*at, "request"), body["request"], _STATE, step_id
+            )
+        if "result" in body:
+            result, result_name = self.callable((*at, "result"), body["result"], _METHOD, step_id)
+        options: dict[str, Any] = {}
+        for key, default in (
+            ("timeout", DEFAULT_SERVICE_TIMEOUT),
+            ("backoff", DEFAULT_SERVICE_BACKOFF),
+            ("max_backoff", DEFAULT_SERVICE_MAX_BACKOFF),
+        ):
+            options[key] = self.duration((*at, key), body[key]) if key in body else default
+        retry_on = []
+        for index, name in enumerate(body.get("retry_on", ("Exception",))):
+            cls = self.catalog.type(name)
+            if cls is None or not (isinstance(cls, type) and issubclass(cls, Exception)):
+                raise self.error(
+                    (*at, "retry_on", index),
+                    f"unknown exception class {name[:255]!r}: register it with register_type() "
+                    "(builtin exceptions are known by name)",
+                )
+            retry_on.append(cls)
+        return ServiceSpec(
+            handler=body["handler"],
+            request=request,
+            result=result,
+            on_failed=body.get("on_failed"),
+            attempts=body.get("attempts", DEFAULT_SERVICE_ATTEMPTS),
+            retry_on=tuple(retry_on),
+            result_schema=body.get("result_schema"),
+            request_name=request_name,
+            result_name=result_name,
+            **options,
         )
 
     # -- the plan ---------------------------------------------------------
