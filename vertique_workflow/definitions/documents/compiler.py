@@ -140,7 +140,7 @@ class _Compiler:
             yield ("start",), self.data["start"]
         for step_id, body in self.data["steps"].items():
             at: Path = ("steps", step_id)
-            for key in ("next", "on_timeout", "on_due", "on_failed", "on_completed"):
+            for key in ("next", "on_timeout", "on_due", "on_failed", "on_completed", "compensate"):
                 if key in body:
                     yield (*at, key), body[key]
             if body["kind"] == "fork":
@@ -204,6 +204,7 @@ class _Compiler:
                 callback_name=name,
                 targets=tuple(body.get("targets", ())),
                 retry=retry,
+                compensate=body.get("compensate"),
             )
         if kind == "wait":
             return self.wait(at, step_id, body, retry)
