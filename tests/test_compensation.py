@@ -188,3 +188,26 @@ def test_the_admin_and_the_diagram_render_the_new_statuses(admin_client):
     body = admin_client.get(change(compensated)).content.decode()
     assert "COMPENSATED" in body and "refund_charge" in body
     assert WorkflowInstance.objects.get(pk=compensating).status == "COMPENSATING"
+
+
+def test_the_document_form_declares_compensate_on_actions():
+    from vertique_workflow.definitions.documents import compile_document, register_callable
+
+    @register_callable(name="tests.comp.step")
+    def step(state: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return state
+
+    text = (
+        "id: doc-comp\nversion: 1\nsteps:\n"
+        "  book: {kind: action, callback: tests.comp.step, next: stop, compensate: unbook}\n"
+        "  stop: {kind: fail, reason: NOPE}\n"
+        "  unbook: {kind: action, callback: tests.comp.step}\n"
+    )
+    plan = compile_document(text)
+    assert plan.steps["book"].compensate == "unbook"
+    assert plan.compensation_steps == {"unbook"}
+    assert plan.canonical()["steps"]["book"]["compensate"] == "unbook"
+    with pytest.raises(WorkflowDefinitionError, match="an action needs next"):
+        compile_document(text.replace(", next: stop, compensate: unbook", ""))
+    with pytest.raises(WorkflowDefinitionError, match="unknown step"):
+        compile_document(text.replace("compensate: unbook", "compensate: nowhere"))
