@@ -156,9 +156,9 @@ def test_duplicate_result_deliveries_are_absorbed():
     )
 
 
-def test_rows_of_a_rolled_back_segment_never_exist():
-    # the ChargeFlow's request callable is absent; break the result fold instead:
-    # a rolled-back *recording* transaction: start inside a transaction that rolls back
+def test_a_segment_run_inside_a_transaction_that_rolls_back_leaves_no_call():
+    # the start and its segment run inside the caller's transaction (run_until_idle on
+    # the test's connection); the caller rolls back: the outbox row goes with it
     with pytest.raises(RuntimeError), transaction.atomic():
         start("svc-charge", {"amount": 1})
         run_until_idle(services=False)
@@ -285,3 +285,20 @@ def test_a_missing_required_recorder_fails_the_transition_with_a_clear_error(set
     assert (view.status, view.error_type) == ("FAILED", "SIDE_EFFECT_RECORDER_MISSING")
     assert "step 'pay'" in view.error_message
     assert WorkflowServiceCall.objects.count() == 0
+
+
+def test_the_call_recorded_by_a_segment_that_rolled_back_never_exists():
+    from tests.flows.services import explode_next_attempts
+    from vertique_workflow.executor.segment import run_next
+
+    explode_next_attempts(1)
+    instance = start("svc-rollback", {"amount": 8})
+    outcome = run_next("test-node")
+    assert outcome is not None and outcome.result == "RETRIED", "branch b raised: rolled back"
+    assert WorkflowServiceCall.objects.count() == 0, "branch a's call went with the segment"
+    assert WorkflowDedup.objects.filter(kind="DISPATCH").count() == 0
+    run_until_idle()
+    [row] = WorkflowServiceCall.objects.filter(workflow_id=instance)
+    assert (row.state, row.branch_id) == ("DELIVERED", "a")
+    assert calls() == [1], "called once, by the segment that committed"
+    assert wf.get(instance).status == "COMPLETED"

@@ -7,7 +7,16 @@ import os
 import threading
 from typing import Any
 
-from vertique_workflow.definitions import Workflow, end, fail, fork, join, register, service
+from vertique_workflow.definitions import (
+    Workflow,
+    action,
+    end,
+    fail,
+    fork,
+    join,
+    register,
+    service,
+)
 from vertique_workflow.exceptions import NonRetryable
 from vertique_workflow.side_effects import service_handler
 
@@ -150,4 +159,32 @@ class FragileRelayFlow(Workflow[dict]):
     id, version, contract = "svc-fragile", 1, "svc-fragile.v1"
 
     pay = service("test.charge", start=True, next="done", timeout="1s", attempts=3, result=_charged)
+    done = end()
+
+
+_boom = {"left": 0}
+
+
+def explode_next_attempts(times: int) -> None:
+    """Make the next ``times`` runs of ``SegmentRollbackFlow.boom`` raise (in this process)."""
+    _boom["left"] = times
+
+
+@register
+class SegmentRollbackFlow(Workflow[dict]):
+    """One branch records a service call while the other raises in the same segment."""
+
+    id, version, contract = "svc-rollback", 1, "svc-rollback.v1"
+
+    split = fork(branches={"a": "pay", "b": "boom"}, join="joined")
+    pay = service("test.charge", next="joined", timeout="5s", attempts=1)
+
+    @action(next="joined")
+    def boom(self, state: dict, ctx: Any) -> dict:
+        if _boom["left"] > 0:
+            _boom["left"] -= 1
+            raise RuntimeError("the segment rolls back")
+        return state
+
+    joined = join(next="done")
     done = end()
