@@ -209,28 +209,7 @@ class DjangoTasksRecorder:
 
         from ..store import db
 
-        calls = [
-            json.loads(
-                json.dumps(
-                    {
-                        "workflow_id": str(batch.workflow_id),
-                        "step_id": effect.step_id,
-                        "dispatch_key": effect.dispatch_key,
-                        "handler": effect.payload["handler"],
-                        "request": effect.payload.get("request"),
-                        "policy": effect.payload.get("policy") or {},
-                        "branch_token_id": None
-                        if effect.branch_token_id is None
-                        else str(effect.branch_token_id),
-                        "fork_step_id": effect.fork_step_id,
-                        "branch_id": effect.branch_id,
-                        "context": batch.context,
-                    },
-                    default=str,
-                )
-            )
-            for effect in batch.effects
-        ]
+        calls = [json.loads(json.dumps(row, default=str)) for row in batch.dispatches()]
 
         def enqueue() -> None:
             task = _configured_task()

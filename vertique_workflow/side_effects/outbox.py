@@ -31,24 +31,7 @@ class ServiceOutboxRecorder:
 
         from ..store import db, outbox
 
-        rows = [
-            {
-                "workflow_id": str(batch.workflow_id),
-                "command_id": batch.command_id,
-                "step_id": effect.step_id,
-                "branch_token_id": None
-                if effect.branch_token_id is None
-                else str(effect.branch_token_id),
-                "fork_step_id": effect.fork_step_id,
-                "branch_id": effect.branch_id,
-                "dispatch_key": effect.dispatch_key,
-                "handler": effect.payload["handler"],
-                "request": effect.payload.get("request"),
-                "policy": effect.payload.get("policy"),
-                "context": batch.context,
-            }
-            for effect in batch.effects
-        ]
+        rows = [{**row, "command_id": batch.command_id} for row in batch.dispatches()]
         outbox.insert_calls(rows)
         if _wake_callbacks:
             transaction.on_commit(wake_relays, using=db.alias())

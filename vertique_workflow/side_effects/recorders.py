@@ -58,6 +58,30 @@ class RecordBatch:
     effects: tuple[Any, ...]
     context: dict[str, Any] | None = None
 
+    def dispatches(self) -> list[dict[str, Any]]:
+        """The batch's ``service`` dispatches as plain JSON rows (what a service recorder keeps).
+
+        The one shape both service recorders hand on: the outbox's row and
+        the Django task's arguments.
+        """
+        return [
+            {
+                "workflow_id": str(self.workflow_id),
+                "step_id": effect.step_id,
+                "dispatch_key": effect.dispatch_key,
+                "handler": effect.payload["handler"],
+                "request": effect.payload.get("request"),
+                "policy": effect.payload.get("policy") or {},
+                "branch_token_id": None
+                if effect.branch_token_id is None
+                else str(effect.branch_token_id),
+                "fork_step_id": effect.fork_step_id,
+                "branch_id": effect.branch_id,
+                "context": self.context,
+            }
+            for effect in self.effects
+        ]
+
 
 @runtime_checkable
 class SideEffectRecorder(Protocol):

@@ -20,11 +20,10 @@ from ...definitions import catalog
 from ...exceptions import WorkflowDefinitionError
 from ...executor.daemon import Executor, ExecutorOptions, startup_report
 from ...registry import ensure_synced, stranded_instances, stranded_summary
-from ...store import db
+from ..daemons import configure_logging, poll_ms, use_database
 
 # -v 1: startup report and the counters line; -v 2: also one line per command
 # (instance, kind, outcome, step reached, milliseconds); -v 3: debug
-LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
 
 
 class Command(BaseCommand):
@@ -85,17 +84,12 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         if options["max_commands"] is not None and options["max_commands"] < 1:
             raise CommandError("--max-commands must be at least 1")
-        alias = options["database"] or workflow_settings.DATABASE
-        if alias not in connections:
-            raise CommandError(f"unknown database alias {alias!r}")
-        db.use_alias(alias)
-        self._configure_logging(options["verbosity"])
-        poll_ms = options["poll_interval"] or workflow_settings.POLL_INTERVAL_MS
-        if poll_ms < 1:
-            raise CommandError("--poll-interval must be at least 1 ms")
+        alias = use_database(options["database"])
+        configure_logging(self.stderr._out, options["verbosity"])
+        interval_ms = poll_ms(options["poll_interval"])
         executor_options = ExecutorOptions(
             concurrency=options["concurrency"],
-            poll_interval=poll_ms / 1000.0,
+            poll_interval=interval_ms / 1000.0,
             until_idle=options["until_idle"],
             max_commands=options["max_commands"],
             database=alias,
@@ -119,13 +113,3 @@ class Command(BaseCommand):
         code = executor.run()
         if code:
             sys.exit(code)
-
-    def _configure_logging(self, verbosity: int) -> None:
-        logger = logging.getLogger("vertique_workflow")
-        if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(self.stderr._out)
-            handler.setFormatter(
-                logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
-            )
-            logger.addHandler(handler)
-        logger.setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))

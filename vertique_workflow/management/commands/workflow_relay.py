@@ -15,15 +15,13 @@ import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
 
 from ...conf import workflow_settings
 from ...executor.segment import default_node_id
 from ...side_effects.handlers import handler_names
 from ...side_effects.relay import Relay
-from ...store import db, outbox
-
-LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
+from ...store import outbox
+from ..daemons import configure_logging, poll_ms, use_database
 
 
 class Command(BaseCommand):
@@ -65,14 +63,9 @@ class Command(BaseCommand):
         for name in ("concurrency", "batch"):
             if options[name] < 1:
                 raise CommandError(f"--{name} must be at least 1")
-        alias = options["database"] or workflow_settings.DATABASE
-        if alias not in connections:
-            raise CommandError(f"unknown database alias {alias!r}")
-        db.use_alias(alias)
-        self._configure_logging(options["verbosity"])
-        poll_ms = options["poll_interval"] or workflow_settings.POLL_INTERVAL_MS
-        if poll_ms < 1:
-            raise CommandError("--poll-interval must be at least 1 ms")
+        use_database(options["database"])
+        configure_logging(self.stderr._out, options["verbosity"])
+        interval_ms = poll_ms(options["poll_interval"])
         node = f"relay:{default_node_id()}"
         relay = Relay(node, batch=options["batch"], concurrency=options["concurrency"])
         log = logging.getLogger("vertique_workflow.relay")
@@ -91,19 +84,9 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, handle_signal)
         signal.signal(signal.SIGINT, handle_signal)
-        relay.run(stop, poll_interval=poll_ms / 1000.0, on_idle=on_idle)
+        relay.run(stop, poll_interval=interval_ms / 1000.0, on_idle=on_idle)
         stats = relay.stats
         self.stdout.write(
             f"relay {node}: {stats.called} call(s), {stats.delivered} delivered, "
             f"{stats.retried} retried, {stats.failed} failed, {stats.lost} lost claim(s)"
         )
-
-    def _configure_logging(self, verbosity: int) -> None:
-        logger = logging.getLogger("vertique_workflow")
-        if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(self.stderr._out)
-            handler.setFormatter(
-                logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
-            )
-            logger.addHandler(handler)
-        logger.setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))
