@@ -24,7 +24,6 @@ command again, and ``cancel()`` cancels COMPLETING tasks.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
 import uuid
@@ -32,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import db
+from . import db, keyset
 
 T = db.T
 
@@ -335,18 +334,12 @@ class TaskQueryPage:
 
 def encode_cursor(updated_at: datetime.datetime, task_id: Any) -> str:
     """An opaque keyset cursor: the last row's (updated_at, id)."""
-    raw = json.dumps([updated_at.isoformat(), str(task_id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return keyset.encode("task", [updated_at.isoformat(), str(task_id)])
 
 
 def decode_cursor(cursor: str) -> tuple[datetime.datetime, uuid.UUID]:
     """Raises ValueError for a cursor this module did not write."""
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        stamp, task_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        return datetime.datetime.fromisoformat(stamp), uuid.UUID(task_id)
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise ValueError("not a task cursor") from exc
+    return keyset.decode("task", cursor, (datetime.datetime.fromisoformat, uuid.UUID))
 
 
 def query(**filters: Any) -> TaskQueryPage:
