@@ -108,3 +108,17 @@ class OneService(Workflow[dict]):
 
     call_out = service("bench.noop", start=True, next="done", timeout="10s")
     done = end()
+
+
+class Stamp(Workflow[dict]):
+    """One action that stores when it ran (host clock): commit returned -> first action runs."""
+
+    id, version, contract = "bench-stamp", 1, "bench.stamp"
+
+    @action(start=True, next="done")
+    def stamp(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        import time
+
+        return {**state, "ran_at": time.time()}
+
+    done = end()

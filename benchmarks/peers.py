@@ -1,0 +1,634 @@
+"""Side by side with the Postgres peers: vertique_workflow, Procrastinate and DBOS, one run.
+
+    ./scripts/bench-peers            (installs the ``bench`` extra, starts PostgreSQL 15 durable)
+    python scripts/with_postgres.py --pg 15 --durable -- python -m benchmarks.peers
+
+Against one PostgreSQL (fsync and synchronous_commit on), with interleaved
+repetitions (each repetition runs every scenario once, in turn, so a slow
+minute of the shared machine lands on all of them), it measures:
+
+- drains: our 3-action workflow and our one-wait workflow (start -> wait ->
+  signal -> end) drained by real ``workflow_executor`` processes (1x1, 1x4,
+  2x4: processes x worker threads); Procrastinate's no-op job drained by one
+  worker (concurrency 1 and 4); DBOS's 3-step workflow (``start_workflow``,
+  in one process). Rates from the database clock: units / (last finish -
+  first start) for ours and Procrastinate (history / procrastinate_events),
+  wall time for DBOS (it runs where it is started);
+- per unit of each drain: commits (``pg_stat_database``, every database),
+  WAL bytes and records (``pg_stat_wal``), CPU of PostgreSQL's processes (the
+  postmaster and every backend, exited ones included: ``/proc`` of the
+  postmaster, ``cutime``) and CPU of the Python worker processes
+  (``RUSAGE_CHILDREN``);
+- ``wf.start()`` one per transaction vs Procrastinate's ``defer`` one at a time;
+- latency from the commit's return: ``wf.start()`` returned -> the first action
+  runs (an idle executor), ``defer`` returned -> the job starts (an idle
+  worker), DBOS ``start_workflow`` returned -> first step runs.
+
+The medians over the repetitions are printed with each ratio ours / peer.
+The figures need the ``bench`` extra (``pip install -e ".[bench]"``); a peer
+that is not installed is reported and its ratios left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+
+import psycopg  # noqa: E402
+
+from benchmarks.executor_benchmark import admin_url, commit_rate, manage, url_for  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# -- meters ----------------------------------------------------------------------
+
+
+def _proc_cpu(pid: int, *, children: bool) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # after the comm: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14)
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / TICKS
+
+
+def postgres_cpu(postmaster: int) -> float:
+    """CPU seconds of the postmaster, its live children, and its exited (waited) children."""
+    total = _proc_cpu(postmaster, children=True)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == postmaster:
+            total += _proc_cpu(int(entry.name), children=False)
+    return total
+
+
+def python_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Reading:
+    commits: int
+    wal_bytes: int
+    wal_records: int
+    pg_cpu: float
+    py_cpu: float
+
+    def minus(self, other: Reading, units: int) -> dict[str, float]:
+        return {
+            "commits": (self.commits - other.commits) / units,
+            "wal_bytes": (self.wal_bytes - other.wal_bytes) / units,
+            "wal_records": (self.wal_records - other.wal_records) / units,
+            "pg_cpu_ms": (self.pg_cpu - other.pg_cpu) * 1000 / units,
+            "py_cpu_ms": (self.py_cpu - other.py_cpu) * 1000 / units,
+        }
+
+
+class Meter:
+    def __init__(self) -> None:
+        with psycopg.connect(admin_url(), autocommit=True) as conn:
+            data = conn.execute("SHOW data_directory").fetchone()[0]
+        self.postmaster = int(Path(data, "postmaster.pid").read_text().split()[0])
+
+    def read(self) -> Reading:
+        with psycopg.connect(admin_url(), autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            commits = conn.execute("SELECT sum(xact_commit) FROM pg_stat_database").fetchone()[0]
+            wal_bytes, wal_records = conn.execute(
+                "SELECT wal_bytes::bigint, wal_records FROM pg_stat_wal"
+            ).fetchone()
+        return Reading(
+            int(commits),
+            int(wal_bytes),
+            int(wal_records),
+            postgres_cpu(self.postmaster),
+            python_cpu(),
+        )
+
+
+# -- databases -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def database(name: str) -> Iterator[str]:
+    dbname = f"peers_{name}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    try:
+        yield url_for(dbname)
+    finally:
+        with psycopg.connect(admin_url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+def run_json(module: str, *args: str, env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{module} {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def span_seconds(url: str, sql: str) -> float:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return float(conn.execute(sql).fetchone()[0] or 0.0)
+
+
+# -- ours ------------------------------------------------------------------------
+
+OUR_SPAN = """
+SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM workflow_history
+WHERE event_type IN ('WORKFLOW_STARTED', 'SIGNAL_APPLIED', 'WORKFLOW_COMPLETED')
+"""
+
+
+class Ours:
+    name = "vertique_workflow"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        os.environ["DATABASE_URL"] = url
+        manage(url, "migrate", "-v", "0")
+        import django
+
+        django.setup()
+
+    def reset(self) -> None:
+        from django.db import connections
+
+        from vertique_workflow.testing import flush_workflow_tables
+
+        flush_workflow_tables()
+        connections.close_all()
+
+    def record(self, definition: str, count: int) -> None:
+        from django.db import connections, transaction
+
+        import vertique_workflow as wf
+
+        batch = uuid.uuid4().hex
+        with transaction.atomic():
+            for i in range(count):
+                wf.start(definition, {}, idempotency_key=f"{batch}-{i}")
+        connections.close_all()
+
+    def signal_all(self) -> None:
+        from django.db import connections, transaction
+
+        import vertique_workflow as wf
+        from vertique_workflow.models import WorkflowInstance
+
+        ids = WorkflowInstance.objects.filter(status="WAITING").values_list("id", flat=True)
+        with transaction.atomic():
+            for instance_id in list(ids):
+                wf.signal(instance_id, "go", None, dedup_key="go")
+        connections.close_all()
+
+    def executors(self, processes: int, threads: int, *, until_idle: bool = True) -> list[Any]:
+        args = ["workflow_executor", "-v", "0", "--concurrency", str(threads), "--no-relay"]
+        args += ["--until-idle"] if until_idle else []
+        return [
+            subprocess.Popen(
+                [sys.executable, "-m", "django", *args],
+                cwd=ROOT,
+                env={**os.environ, "DATABASE_URL": self.url, "PYTHONPATH": str(ROOT)},
+            )
+            for _ in range(processes)
+        ]
+
+    def drain(self, meter: Meter, count: int, processes: int, threads: int, kind: str) -> dict:
+        self.reset()
+        self.record("bench-three-actions" if kind == "three" else "bench-signal", count)
+        analyze(self.url)
+        before = meter.read()
+        wait_all(self.executors(processes, threads))
+        span = span_seconds(self.url, OUR_SPAN)
+        if kind == "wait":
+            mid = meter.read()
+            self.signal_all()  # the recording of the signals is the caller's work, not the drain's
+            resumed = meter.read()
+            before = Reading(
+                before.commits + resumed.commits - mid.commits,
+                before.wal_bytes + resumed.wal_bytes - mid.wal_bytes,
+                before.wal_records + resumed.wal_records - mid.wal_records,
+                before.pg_cpu + resumed.pg_cpu - mid.pg_cpu,
+                before.py_cpu + resumed.py_cpu - mid.py_cpu,
+            )
+            wait_all(self.executors(processes, threads))
+            span = span_seconds(
+                self.url,
+                "SELECT extract(epoch FROM "
+                "(max(created_at) FILTER (WHERE event_type = 'WORKFLOW_STARTED') "
+                " - min(created_at) FILTER (WHERE event_type = 'WORKFLOW_STARTED')) "
+                "+ (max(created_at) FILTER (WHERE event_type = 'WORKFLOW_COMPLETED') "
+                " - min(created_at) FILTER (WHERE event_type = 'SIGNAL_APPLIED'))) "
+                "FROM workflow_history",
+            )
+        return {"rate": count / span, **meter.read().minus(before, count)}
+
+    def start_each(self, count: int) -> float:
+        from django.db import connections
+
+        import vertique_workflow as wf
+
+        self.reset()
+        batch = uuid.uuid4().hex
+        started = time.perf_counter()
+        for i in range(count):
+            wf.start("bench-stamp", {}, idempotency_key=f"{batch}-{i}")
+        rate = count / (time.perf_counter() - started)
+        connections.close_all()
+        return rate
+
+    def latency(self, samples: int) -> float:
+        from django.db import connections
+
+        import vertique_workflow as wf
+        from vertique_workflow.models import WorkflowInstance
+
+        self.reset()
+        procs = self.executors(1, 4, until_idle=False)
+        try:
+            # one sample the executor runs before the clock runs: it is up and listening
+            self._stamped(wf.start("bench-stamp", {}, idempotency_key="warm").id)
+            values = []
+            for i in range(samples):
+                ref = wf.start("bench-stamp", {}, idempotency_key=f"lat-{i}")
+                returned = time.time()
+                values.append((self._stamped(ref.id) - returned) * 1000)
+            return statistics.median(values)
+        finally:
+            stop_all(procs)
+            connections.close_all()
+
+    @staticmethod
+    def _stamped(instance_id: Any) -> float:
+        from vertique_workflow.models import WorkflowInstance
+
+        while True:
+            state = (
+                WorkflowInstance.objects.filter(pk=instance_id, status="COMPLETED")
+                .values_list("state_json", flat=True)
+                .first()
+            )
+            if state:
+                return float(state["ran_at"])
+            time.sleep(0.002)  # the figure comes from the stamp, not from this poll
+
+
+# -- Procrastinate ---------------------------------------------------------------
+
+PROCRASTINATE_SPAN = """
+SELECT extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')
+                         - min(at) FILTER (WHERE type = 'started'))
+FROM procrastinate_events
+"""
+
+
+class Procrastinate:
+    name = "Procrastinate"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.env = {"PEERS_PROCRASTINATE_URL": url}
+        run_json("benchmarks.peer_procrastinate", "schema", env=self.env)
+
+    def reset(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("TRUNCATE procrastinate_jobs, procrastinate_events CASCADE")
+
+    def drain(self, meter: Meter, count: int, concurrency: int) -> dict:
+        self.reset()
+        run_json("benchmarks.peer_procrastinate", "defer-batch", str(count), env=self.env)
+        analyze(self.url)
+        before = meter.read()
+        run_json("benchmarks.peer_procrastinate", "worker", str(concurrency), env=self.env)
+        span = span_seconds(self.url, PROCRASTINATE_SPAN)
+        return {"rate": count / span, **meter.read().minus(before, count)}
+
+    def defer_each(self, count: int) -> float:
+        self.reset()
+        return run_json("benchmarks.peer_procrastinate", "defer-each", str(count), env=self.env)[
+            "rate"
+        ]
+
+    def latency(self, samples: int) -> float:
+        import procrastinate
+
+        self.reset()
+        stamps = Path(f"/tmp/peers-stamps-{uuid.uuid4().hex}")
+        stamps.touch()
+        env = {**os.environ, **self.env, "VERTIQUE_PEERS_STAMPS": str(stamps)}
+        env["PYTHONPATH"] = str(ROOT)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.peer_procrastinate", "listen", "4"],
+            cwd=ROOT,
+            env=env,
+        )
+        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=self.url))
+        task = app.configure_task("noop", queue="peers")
+        try:
+            with app.open():
+                values = []
+                for i in range(-1, samples):  # -1: the warm-up the clock does not time
+                    task.defer(i=i)
+                    returned = time.time()
+                    started = wait_stamp(stamps, i)
+                    if i >= 0:
+                        values.append((started - returned) * 1000)
+            return statistics.median(values)
+        finally:
+            stop_all([worker])
+            stamps.unlink(missing_ok=True)
+
+
+def wait_stamp(stamps: Path, i: int) -> float:
+    prefix = f"{i} "
+    while True:
+        for line in stamps.read_text().splitlines():
+            if line.startswith(prefix):
+                return float(line.split()[1])
+        time.sleep(0.002)  # the figure comes from the stamp, not from this poll
+
+
+# -- DBOS ------------------------------------------------------------------------
+
+
+class Dbos:
+    name = "DBOS"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.env = {"PEERS_DBOS_URL": url}
+
+    def reset(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            exists = conn.execute("SELECT to_regclass('dbos.workflow_status')").fetchone()[0]
+            if exists:
+                conn.execute("TRUNCATE dbos.workflow_status CASCADE")
+
+    def drain(self, meter: Meter, count: int) -> dict:
+        self.reset()
+        before = meter.read()
+        figures = run_json("benchmarks.peer_dbos", "rate", str(count), env=self.env)
+        return {"rate": figures["rate"], **meter.read().minus(before, count)}
+
+    def latency(self, samples: int) -> dict:
+        self.reset()
+        return run_json("benchmarks.peer_dbos", "latency", str(samples), env=self.env)
+
+
+# -- the run ---------------------------------------------------------------------
+
+
+def analyze(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def wait_all(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.wait() != 0:
+            raise RuntimeError("a worker process failed")
+
+
+def stop_all(procs: list[Any]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(60)
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@dataclass
+class Results:
+    figures: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+
+    def add(self, name: str, value: dict[str, float] | float) -> None:
+        self.figures.setdefault(name, []).append(
+            value if isinstance(value, dict) else {"value": value}
+        )
+
+    def median(self, name: str, key: str = "value") -> float | None:
+        values = [v[key] for v in self.figures.get(name, []) if key in v]
+        return statistics.median(values) if values else None
+
+
+def ratio(ours: float | None, peer: float | None) -> str:
+    if ours is None or peer is None or peer == 0:
+        return "n/a"
+    return f"{ours / peer:.2f}"
+
+
+def fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}{unit}"
+
+
+def report(results: Results, limit: float) -> None:
+    m = results.median
+    print("\n## medians over the repetitions\n")
+    for name in sorted(results.figures):
+        row = results.figures[name]
+        keys = sorted({k for v in row for k in v})
+        print(f"{name}: " + ", ".join(f"{k}={fmt(m(name, k), digits=2)}" for k in keys))
+    rows: list[tuple[str, str, str, str]] = []
+
+    def line(figure: str, ours: float | None, peer: float | None, unit: str, digits: int = 1):
+        rows.append((figure, fmt(ours, unit, digits), fmt(peer, unit, digits), ratio(ours, peer)))
+
+    line(
+        "3-action drain 1x4 / Procrastinate C=4",
+        m("ours 3-action 1x4", "rate"),
+        m("procrastinate C=4", "rate"),
+        "/s",
+        0,
+    )
+    line(
+        "3-action drain 1x1 / Procrastinate C=1",
+        m("ours 3-action 1x1", "rate"),
+        m("procrastinate C=1", "rate"),
+        "/s",
+        0,
+    )
+    line(
+        "3-action drain 2x4 / Procrastinate C=4",
+        m("ours 3-action 2x4", "rate"),
+        m("procrastinate C=4", "rate"),
+        "/s",
+        0,
+    )
+    line(
+        "one-wait drain 1x4 / Procrastinate C=4",
+        m("ours one-wait 1x4", "rate"),
+        m("procrastinate C=4", "rate"),
+        "/s",
+        0,
+    )
+    line(
+        "3-action drain 1x4 / DBOS 3-step (start_workflow)",
+        m("ours 3-action 1x4", "rate"),
+        m("dbos 3-step", "rate"),
+        "/s",
+        0,
+    )
+    line(
+        "PostgreSQL CPU per instance / per job",
+        m("ours 3-action 1x4", "pg_cpu_ms"),
+        m("procrastinate C=4", "pg_cpu_ms"),
+        " ms",
+        2,
+    )
+    line(
+        "Python CPU per instance / per job",
+        m("ours 3-action 1x4", "py_cpu_ms"),
+        m("procrastinate C=4", "py_cpu_ms"),
+        " ms",
+        2,
+    )
+    line(
+        "WAL bytes per instance / per job",
+        m("ours 3-action 1x4", "wal_bytes"),
+        m("procrastinate C=4", "wal_bytes"),
+        " B",
+        0,
+    )
+    line(
+        "WAL records per instance / per job",
+        m("ours 3-action 1x4", "wal_records"),
+        m("procrastinate C=4", "wal_records"),
+        "",
+        1,
+    )
+    line(
+        "commits per instance / per job",
+        m("ours 3-action 1x4", "commits"),
+        m("procrastinate C=4", "commits"),
+        "",
+        2,
+    )
+    line(
+        "start() one per transaction / defer one at a time",
+        m("ours start each"),
+        m("procrastinate defer each"),
+        "/s",
+        0,
+    )
+    line(
+        "commit returned -> first action p50 / defer returned -> job starts",
+        m("ours latency"),
+        m("procrastinate latency"),
+        " ms",
+        2,
+    )
+    line(
+        "commit returned -> first action p50 / DBOS start returned -> first step",
+        m("ours latency"),
+        m("dbos latency", "first_step_p50"),
+        " ms",
+        2,
+    )
+    print(f"\ncommit-rate limit of this server (4 clients, single-row INSERT): {limit:,.0f}/s\n")
+    print("| figure | ours | peer | ratio |\n|---|---|---|---|")
+    for figure, ours, peer, r in rows:
+        print(f"| {figure} | {ours} | {peer} | {r} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--instances", type=int, default=2000, help="units per drain")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--latency-samples", type=int, default=100)
+    parser.add_argument("--starts", type=int, default=500, help="one-per-transaction starts")
+    parser.add_argument("--skip", default="", help="comma list: procrastinate,dbos,ours-wide")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    meter = Meter()
+    results = Results()
+    with contextlib.ExitStack() as stack:
+        ours = Ours(stack.enter_context(database("vw")))
+        limit = commit_rate(ours.url)
+        peers_present = {
+            "procrastinate": installed("procrastinate") and "procrastinate" not in skip,
+            "dbos": installed("dbos") and "dbos" not in skip,
+        }
+        for peer, present in peers_present.items():
+            if not present:
+                print(f"{peer}: not installed or skipped (pip install -e '.[bench]'): left out")
+        proc = (
+            Procrastinate(stack.enter_context(database("proc")))
+            if peers_present["procrastinate"]
+            else None
+        )
+        dbos = Dbos(stack.enter_context(database("dbos"))) if peers_present["dbos"] else None
+        n = args.instances
+        scenarios: list[tuple[str, Callable[[], Any]]] = [
+            ("ours 3-action 1x1", lambda: ours.drain(meter, n, 1, 1, "three")),
+            ("ours 3-action 1x4", lambda: ours.drain(meter, n, 1, 4, "three")),
+            ("ours 3-action 2x4", lambda: ours.drain(meter, n, 2, 4, "three")),
+            ("ours one-wait 1x4", lambda: ours.drain(meter, n, 1, 4, "wait")),
+            ("ours start each", lambda: ours.start_each(args.starts)),
+            ("ours latency", lambda: ours.latency(args.latency_samples)),
+        ]
+        if proc is not None:
+            scenarios += [
+                ("procrastinate C=1", lambda: proc.drain(meter, n, 1)),
+                ("procrastinate C=4", lambda: proc.drain(meter, n, 4)),
+                ("procrastinate defer each", lambda: proc.defer_each(args.starts)),
+                ("procrastinate latency", lambda: proc.latency(args.latency_samples)),
+            ]
+        if dbos is not None:
+            scenarios += [
+                ("dbos 3-step", lambda: dbos.drain(meter, n)),
+                ("dbos latency", lambda: dbos.latency(args.latency_samples)),
+            ]
+        for repetition in range(args.repetitions):
+            print(f"-- repetition {repetition + 1} of {args.repetitions}", flush=True)
+            for name, run in scenarios:
+                value = run()
+                results.add(name, value)
+                shown = (
+                    value
+                    if isinstance(value, float)
+                    else {k: round(v, 2) for k, v in value.items()}
+                )
+                print(f"   {name}: {shown}", flush=True)
+        report(results, limit)
+
+
+if __name__ == "__main__":
+    main()
