@@ -151,6 +151,11 @@ DEFAULTS: dict[str, Default] = {
     "SERVICE_TASK_QUEUE": Default(
         "default", "Queue name of the Django Tasks recorder's service-call tasks."
     ),
+    "PREPARED_STATEMENTS": Default(
+        True,
+        "The executor's hot statements are prepared once per connection (False behind a "
+        "transaction-pooling proxy that cannot keep prepared statements).",
+    ),
     "EXECUTOR_ENABLED": Default(True, "False: this node only records (writes no CODE rows)."),
     "EXECUTOR_CONCURRENCY": Default(4, "Worker threads of manage.py workflow_executor.", minimum=1),
     "SHUTDOWN_GRACE_SECONDS": Default(

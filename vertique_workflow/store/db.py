@@ -116,6 +116,11 @@ def fetchone(sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         return cur.fetchone()
 
 
+# A prepare_threshold no statement reaches by repetition: psycopg then prepares
+# only what is executed with prepare=True (fetchone_prepared), never the rest.
+ONLY_WHEN_ASKED = 2**31 - 1
+
+
 def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     """``fetchone`` for the executor's hot statements: server-side binding, prepared once.
 
@@ -126,12 +131,20 @@ def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     """
     import psycopg
 
+    from ..conf import workflow_settings
+
     check_deadline()
     wrapper = connection()
     wrapper.ensure_connection()
+    raw = wrapper.connection
+    prepare = bool(workflow_settings.PREPARED_STATEMENTS)
+    if prepare and raw.prepare_threshold is None:
+        # Django disables psycopg's preparation (prepare_threshold=None), and with it
+        # every prepare=True: allow it again, for the statements that ask only.
+        raw.prepare_threshold = ONLY_WHEN_ASKED
     # Django's error wrapper: callers see django.db errors, as from any cursor
-    with wrapper.wrap_database_errors, psycopg.Cursor(wrapper.connection) as cur:
-        cur.execute(sql, params, prepare=True)
+    with wrapper.wrap_database_errors, psycopg.Cursor(raw) as cur:
+        cur.execute(sql, params, prepare=prepare)
         return cur.fetchone()
 
 
