@@ -8,6 +8,7 @@ deduplicates, writes a command and returns. Executors run the command later.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -170,9 +171,35 @@ def start(
     _require_payload(payload, "the start payload")
     _require_payload(subject, "the subject")
     fingerprint = _fingerprint(payload=payload, business_key=business_key, version=version)
-    # Reads need no transaction of their own; the writes below are one atomic
-    # block (a savepoint inside the caller's transaction), so a refusal or a
-    # lost race leaves the caller's transaction usable and nothing written.
+    arguments = (definition_id, payload, idempotency_key, business_key, scope, version)
+    if db.connection().in_atomic_block:
+        return _record_start(*arguments, actor, subject, _parent, fingerprint, caller_owned=True)
+    # Called outside a transaction: one transaction of our own for the reads and
+    # the writes (one commit, not one per read).
+    with _atomic():
+        return _record_start(*arguments, actor, subject, _parent, fingerprint, caller_owned=False)
+
+
+def _record_start(
+    definition_id: str,
+    payload: dict[str, Any] | None,
+    idempotency_key: str,
+    business_key: str | None,
+    scope: str,
+    version: int | None,
+    actor: context.Actor | None,
+    subject: Any,
+    parent: dict[str, Any] | None,
+    fingerprint: str,
+    *,
+    caller_owned: bool,
+) -> InstanceRef:
+    """The reads and writes of ``start``, in the transaction the caller or ``start`` opened.
+
+    In a caller's transaction the writes are a savepoint, so a refusal or a
+    lost race leaves that transaction usable and nothing written; in a
+    transaction of ``start``'s own no savepoint is needed (nothing else is in it).
+    """
     earlier = dedup.find("START", scope, definition_id, idempotency_key)
     if earlier is not None:
         return _replayed_start(earlier, fingerprint)
@@ -181,13 +208,13 @@ def start(
     instance_id = uuid.uuid4()
     # captured once: the instance's metadata and the START command hold the same document
     captured = context.capture()
-    caller_owned = db.connection().in_atomic_block
+    writes = _atomic() if caller_owned else contextlib.nullcontext()
     try:
-        with _atomic():
+        with writes:
             pin.admit()
             # the key first: a concurrent start with the same key then resolves
             # as a replay, not as a business-key conflict
-            if not dedup.claim(
+            claimed = dedup.claim(
                 "START",
                 scope,
                 definition_id,
@@ -195,32 +222,28 @@ def start(
                 instance_id,
                 fingerprint,
                 {"instanceId": str(instance_id)},
-            ):
-                raise _LostKeyRace
-            instances.insert_pending(
-                instance_id,
-                definition_id=definition_id,
-                definition_version=pin.version,
-                plan_hash=pin.plan_hash,
-                business_key=business_key,
-                subject=subject,
-                metadata={**(captured or {}), **({"parent": _parent} if _parent else {})},
-                scope_key=scope,
-                definition_scope_key=pin.scope,
             )
-            commands.insert(
-                instance_id,
-                "START",
-                payload=payload or {},
-                dedup_key=idempotency_key,
-                target=subject,
-                context=captured,
-                actor=context.stored_actor(actor),
-            )
-    except _LostKeyRace:
-        earlier = dedup.find("START", scope, definition_id, idempotency_key)
-        assert earlier is not None
-        return _replayed_start(earlier, fingerprint)
+            if claimed:
+                instances.insert_pending(
+                    instance_id,
+                    definition_id=definition_id,
+                    definition_version=pin.version,
+                    plan_hash=pin.plan_hash,
+                    business_key=business_key,
+                    subject=subject,
+                    metadata={**(captured or {}), **({"parent": parent} if parent else {})},
+                    scope_key=scope,
+                    definition_scope_key=pin.scope,
+                )
+                commands.insert(
+                    instance_id,
+                    "START",
+                    payload=payload or {},
+                    dedup_key=idempotency_key,
+                    target=subject,
+                    context=captured,
+                    actor=context.stored_actor(actor),
+                )
     except DatabaseError as exc:
         if db.sqlstate(exc) == "23505":
             raise WorkflowConflict(
@@ -234,6 +257,10 @@ def start(
                 raise
             raise registry.lock_timeout_error(exc, definition_id) from exc
         raise db.translate(exc, "start") from None
+    if not claimed:  # another transaction committed the same key first: a replay
+        earlier = dedup.find("START", scope, definition_id, idempotency_key)
+        assert earlier is not None
+        return _replayed_start(earlier, fingerprint)
     return InstanceRef(instance_id, definition_id, pin.version, created=True)
 
 

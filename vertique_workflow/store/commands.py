@@ -543,7 +543,7 @@ def insert(
     ``task_id`` names the task a COMPLETION completes.
     """
     actor = actor or Actor()
-    row = db.fetchone(
+    row = db.fetchone_prepared(
         INSERT_COMMAND,
         {
             "wf": workflow_id,

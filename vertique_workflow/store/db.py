@@ -121,13 +121,16 @@ def fetchone(sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
 ONLY_WHEN_ASKED = 2**31 - 1
 
 
-def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
-    """``fetchone`` for the executor's hot statements: server-side binding, prepared once.
+@contextmanager
+def prepared_cursor() -> Iterator[Any]:
+    """A server-side-binding cursor on the caller's connection (and transaction).
 
     Django's cursors bind on the client, so PostgreSQL parses and plans every
     statement again; the large claim and segment statements cost more to plan
-    than to run. This runs on the same connection (and transaction) through a
-    psycopg server-side-binding cursor and asks PostgreSQL to keep the plan.
+    than to run. ``execute(sql, params)`` on this cursor asks PostgreSQL to
+    prepare the statement once per connection and keep its plan
+    (``PREPARED_STATEMENTS``; without it the statements run unprepared).
+    For static statements only: every distinct text is a prepared statement.
     """
     import psycopg
 
@@ -144,8 +147,35 @@ def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
         raw.prepare_threshold = ONLY_WHEN_ASKED
     # Django's error wrapper: callers see django.db errors, as from any cursor
     with wrapper.wrap_database_errors, psycopg.Cursor(raw) as cur:
-        cur.execute(sql, params, prepare=prepare)
+        yield _Prepared(cur, prepare)
+
+
+class _Prepared:
+    """A psycopg cursor whose ``execute`` prepares (or not, by the setting)."""
+
+    def __init__(self, cursor: Any, prepare: bool) -> None:
+        self._cursor = cursor
+        self._prepare = prepare
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        return self._cursor.execute(sql, params, prepare=self._prepare)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
+    """``fetchone`` of a hot static statement, prepared once per connection."""
+    with prepared_cursor() as cur:
+        cur.execute(sql, params)
         return cur.fetchone()
+
+
+def execute_prepared(sql: str, params: Any = ()) -> int:
+    """``execute`` of a hot static statement, prepared once per connection; its rowcount."""
+    with prepared_cursor() as cur:
+        cur.execute(sql, params)
+        return cur.rowcount
 
 
 def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -24,7 +24,7 @@ RETURNING workflow_id
 
 
 def find(kind: str, scope_key: str, namespace: str, key: str) -> tuple[Any, str, Any] | None:
-    row = db.fetchone(FIND, (kind, scope_key, namespace, key))
+    row = db.fetchone_prepared(FIND, (kind, scope_key, namespace, key))
     return None if row is None else (row[0], row[1], row[2])
 
 
@@ -38,7 +38,7 @@ def claim(
     result: Any = None,
 ) -> bool:
     """Insert the key; False when another transaction committed it first."""
-    row = db.fetchone(
+    row = db.fetchone_prepared(
         CLAIM,
         (
             kind,

@@ -124,7 +124,7 @@ def insert_pending(
     scope_key: str,
     definition_scope_key: str,
 ) -> None:
-    db.execute(
+    db.execute_prepared(
         INSERT_PENDING,
         (
             instance_id,
