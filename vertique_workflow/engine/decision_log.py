@@ -86,8 +86,10 @@ def decision_entries(
     for decision in decisions:
         before = redact(decision.before, fields)
         after = redact(decision.after, fields)
-        patch = jsonpatch.make_patch(before, after).patch
-        oversized = len(json.dumps(patch, separators=(",", ":"))) > max_patch_bytes
+        # an unchanged state (a decision, an end) needs no diff: make_patch is the
+        # costliest Python of a segment
+        patch = [] if before == after else jsonpatch.make_patch(before, after).patch
+        oversized = bool(patch) and len(json.dumps(patch, separators=(",", ":"))) > max_patch_bytes
         if decision.branch is not None:
             entries.append(_branch_entry(decision, patch, oversized))
             continue
