@@ -18,7 +18,9 @@ minute of the shared machine lands on all of them), it measures:
   WAL bytes and records (``pg_stat_wal``), CPU of PostgreSQL's processes (the
   postmaster and every backend, exited ones included: ``/proc`` of the
   postmaster, ``cutime``) and CPU of the Python worker processes
-  (``RUSAGE_CHILDREN``);
+  (``RUSAGE_CHILDREN``, less what the same processes spend starting and
+  stopping on an empty queue: Django's start-up is not a per-instance cost;
+  DBOS starts and runs its workflows in one process, so its figure keeps it);
 - ``wf.start()`` one per transaction vs Procrastinate's ``defer`` one at a time;
 - latency from the commit's return: ``wf.start()`` returned -> the first action
   runs (an idle executor), ``defer`` returned -> the job starts (an idle
@@ -58,6 +60,8 @@ from benchmarks.executor_benchmark import admin_url, commit_rate, manage, url_fo
 TICKS = os.sysconf("SC_CLK_TCK")
 # Units each system runs before the figures (so no drain starts on empty tables).
 WARM_UP = 500
+# Job arguments of the latency samples (no other job of the run uses them).
+LATENCY_BASE = 10**6
 
 
 # -- meters ----------------------------------------------------------------------
@@ -196,6 +200,7 @@ class Ours:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._idle_cpu: dict[tuple[int, int], float] = {}
         os.environ["DATABASE_URL"] = url
         manage(url, "migrate", "-v", "0")
         import django
@@ -261,7 +266,22 @@ class Ours:
             )
             wait_all(self.executors(processes, threads))
             span = span_seconds(self.url, OUR_WAIT_SPAN, marker)
-        return {"rate": count / span, **meter.read().minus(before, count)}
+        figures = meter.read().minus(before, count)
+        runs = 2 if kind == "wait" else 1
+        figures["py_cpu_ms"] -= runs * self.idle_cpu((processes, threads)) * 1000 / count
+        return {"rate": count / span, **figures}
+
+    def idle_cpu(self, config: tuple[int, int]) -> float:
+        """Python CPU seconds of executor processes that start, find nothing, and exit.
+
+        Subtracted from a drain's Python CPU, so the figure is what a running
+        executor spends per instance (Django's start-up is not per instance).
+        """
+        if config not in self._idle_cpu:
+            started = python_cpu()
+            wait_all(self.executors(*config))
+            self._idle_cpu[config] = python_cpu() - started
+        return self._idle_cpu[config]
 
     def start_each(self, count: int) -> float:
         from django.db import connections
@@ -274,6 +294,7 @@ class Ours:
             wf.start("bench-stamp", {}, idempotency_key=f"{batch}-{i}")
         rate = count / (time.perf_counter() - started)
         connections.close_all()
+        wait_all(self.executors(1, 4))  # run them (untimed): the next figure starts empty
         return rate
 
     def latency(self, samples: int) -> float:
@@ -326,6 +347,7 @@ class Procrastinate:
     def __init__(self, url: str) -> None:
         self.url = url
         self.env = {"PEERS_PROCRASTINATE_URL": url}
+        self._idle_cpu: dict[int, float] = {}
         run_json("benchmarks.peer_procrastinate", "schema", env=self.env)
         run_json("benchmarks.peer_procrastinate", "defer-batch", str(WARM_UP), env=self.env)
         run_json("benchmarks.peer_procrastinate", "worker", "4", env=self.env)
@@ -337,12 +359,23 @@ class Procrastinate:
         before = meter.read()
         run_json("benchmarks.peer_procrastinate", "worker", str(concurrency), env=self.env)
         span = span_seconds(self.url, PROCRASTINATE_SPAN, marker)
-        return {"rate": count / span, **meter.read().minus(before, count)}
+        figures = meter.read().minus(before, count)
+        figures["py_cpu_ms"] -= self.idle_cpu(concurrency) * 1000 / count
+        return {"rate": count / span, **figures}
+
+    def idle_cpu(self, concurrency: int) -> float:
+        """Python CPU seconds of a worker that starts, finds nothing, and exits."""
+        if concurrency not in self._idle_cpu:
+            started = python_cpu()
+            run_json("benchmarks.peer_procrastinate", "worker", str(concurrency), env=self.env)
+            self._idle_cpu[concurrency] = python_cpu() - started
+        return self._idle_cpu[concurrency]
 
     def defer_each(self, count: int) -> float:
-        return run_json("benchmarks.peer_procrastinate", "defer-each", str(count), env=self.env)[
-            "rate"
-        ]
+        rate = run_json("benchmarks.peer_procrastinate", "defer-each", str(count), env=self.env)
+        # run them (untimed): the next figure starts on an empty queue
+        run_json("benchmarks.peer_procrastinate", "worker", "4", env=self.env)
+        return float(rate["rate"])
 
     def latency(self, samples: int) -> float:
         import procrastinate
@@ -362,9 +395,9 @@ class Procrastinate:
             with app.open():
                 values = []
                 for i in range(-1, samples):  # -1: the warm-up the clock does not time
-                    task.defer(i=i)
+                    task.defer(i=LATENCY_BASE + i)
                     returned = time.time()
-                    started = wait_stamp(stamps, i)
+                    started = wait_stamp(stamps, LATENCY_BASE + i)
                     if i >= 0:
                         values.append((started - returned) * 1000)
             return statistics.median(values)
