@@ -326,37 +326,41 @@ def signal(
     target: dict[str, Any] = {"name": name, **(_branch_target(branch) or {})}
     fingerprint = _fingerprint(name=name, payload=payload, branch=branch)
     namespace = str(workflow_id)
-    earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
-    if earlier is not None:
-        return _replayed_signal(earlier, fingerprint, workflow_id, name)
-    row = instances.get(workflow_id)
-    if row is None:
-        raise WorkflowNotFound("no workflow instance with that id")
-    signal_schema_source(row).check_signal(name, payload)
-    if row.ended:
-        raise WorkflowConflict(f"the instance has ended ({row.status}); signal refused")
+    # Outside a caller's transaction: one of our own for the reads and the writes
+    # (one commit); inside one, the writes are a savepoint of it.
+    owned = not db.connection().in_atomic_block
     try:
-        with _atomic():
-            commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
-            if not commands.raise_open_signals(workflow_id, workflow_settings.OPEN_SIGNALS_CAP):
-                raise WorkflowConflict(
-                    f"the instance holds {workflow_settings.OPEN_SIGNALS_CAP} open signals "
-                    "(OPEN_SIGNALS_CAP); signal refused"
+        with _atomic() if owned else contextlib.nullcontext():
+            earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
+            if earlier is not None:
+                return _replayed_signal(earlier, fingerprint, workflow_id, name)
+            row = instances.get(workflow_id)
+            if row is None:
+                raise WorkflowNotFound("no workflow instance with that id")
+            signal_schema_source(row).check_signal(name, payload)
+            if row.ended:
+                raise WorkflowConflict(f"the instance has ended ({row.status}); signal refused")
+            with contextlib.nullcontext() if owned else _atomic():
+                commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
+                cap = workflow_settings.OPEN_SIGNALS_CAP
+                if not commands.raise_open_signals(workflow_id, cap):
+                    raise WorkflowConflict(
+                        f"the instance holds {cap} open signals (OPEN_SIGNALS_CAP); signal refused"
+                    )
+                if not dedup.claim(
+                    "SIGNAL", DEFAULT_SCOPE, namespace, dedup_key, workflow_id, fingerprint
+                ):
+                    raise _LostKeyRace
+                command_id, _ = commands.insert(
+                    workflow_id,
+                    "SIGNAL",
+                    payload=payload,
+                    dedup_key=dedup_key,
+                    target=target,
+                    context=context.capture(),
+                    carrier=explicit,
+                    actor=context.stored_actor(actor),
                 )
-            if not dedup.claim(
-                "SIGNAL", DEFAULT_SCOPE, namespace, dedup_key, workflow_id, fingerprint
-            ):
-                raise _LostKeyRace
-            command_id, _ = commands.insert(
-                workflow_id,
-                "SIGNAL",
-                payload=payload,
-                dedup_key=dedup_key,
-                target=target,
-                context=context.capture(),
-                carrier=explicit,
-                actor=context.stored_actor(actor),
-            )
     except _LostKeyRace:
         # another transaction committed the key first; our writes rolled back
         earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)

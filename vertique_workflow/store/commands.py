@@ -77,14 +77,13 @@ FROM q
 RETURNING id, seq
 """
 
-ENSURE_QUEUE = f"""
-INSERT INTO {T["command_queues"]} (workflow_id, next_seq) VALUES (%s, 1)
-ON CONFLICT (workflow_id) DO NOTHING
-"""
-
+# One more open signal, creating the queue row on first touch (its first
+# position is then 1); no row returned when the instance is at the cap.
 RAISE_OPEN_SIGNALS = f"""
-UPDATE {T["command_queues"]} SET open_signals = open_signals + 1
-WHERE workflow_id = %s AND open_signals < %s
+INSERT INTO {T["command_queues"]} AS q (workflow_id, next_seq, open_signals) VALUES (%s, 1, 1)
+ON CONFLICT (workflow_id) DO UPDATE SET open_signals = q.open_signals + 1
+WHERE q.open_signals < %s
+RETURNING 1
 """
 
 PEEK = f"""
@@ -518,7 +517,7 @@ class FencedCommand:
 
 def lock_instance(workflow_id: Any, lock_timeout_ms: int) -> None:
     """Take the execution lock, waiting at most ``lock_timeout_ms`` for it."""
-    db.fetchone(LOCK_INSTANCE, (f"{int(lock_timeout_ms)}ms", str(workflow_id)))
+    db.fetchone_prepared(LOCK_INSTANCE, (f"{int(lock_timeout_ms)}ms", str(workflow_id)))
 
 
 def try_lock_instance(workflow_id: Any) -> bool:
@@ -567,8 +566,7 @@ def insert(
 
 def raise_open_signals(workflow_id: Any, cap: int) -> bool:
     """Count one more open signal; False when the instance is at the cap."""
-    db.execute(ENSURE_QUEUE, (workflow_id,))
-    return db.execute(RAISE_OPEN_SIGNALS, (workflow_id, cap)) == 1
+    return db.fetchone_prepared(RAISE_OPEN_SIGNALS, (workflow_id, cap)) is not None
 
 
 def peek(limit: int) -> list[Head]:

@@ -141,7 +141,7 @@ def insert_pending(
 
 
 def get(instance_id: Any) -> InstanceRow | None:
-    row = db.fetchone(SELECT, (instance_id,))
+    row = db.fetchone_prepared(SELECT, (instance_id,))
     return None if row is None else row_from_values(row)
 
 
