@@ -6,30 +6,18 @@ Configured as Procrastinate's docs recommend for a PostgreSQL-only deployment:
 ``PsycopgConnector`` (psycopg 3, its connection pool), an ``async`` task (the
 docs' advice for ``concurrency > 1``), one worker process with
 ``concurrency=C`` and LISTEN/NOTIFY on (the default). Every mode prints one
-JSON line with its figures. ``VERTIQUE_PEERS_STAMPS`` names a file the task
-appends ``<i> <time.time()>`` to when it starts (the latency run).
+JSON line with its figures. The app and its task live in
+``peer_procrastinate_app`` (Procrastinate wants them in an importable module,
+not in ``__main__``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
-import procrastinate
-
-URL = os.environ["PEERS_PROCRASTINATE_URL"]
-STAMPS = os.environ.get("VERTIQUE_PEERS_STAMPS")
-
-app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=URL))
-
-
-@app.task(name="noop", queue="peers")
-async def noop(i: int = 0) -> None:
-    if STAMPS:
-        with open(STAMPS, "a") as stamps:
-            stamps.write(f"{i} {time.time()}\n")
+from benchmarks.peer_procrastinate_app import app, noop
 
 
 def main() -> None:

@@ -378,8 +378,6 @@ class Procrastinate:
         return float(rate["rate"])
 
     def latency(self, samples: int) -> float:
-        import procrastinate
-
         stamps = Path(f"/tmp/peers-stamps-{uuid.uuid4().hex}")
         stamps.touch()
         env = {**os.environ, **self.env, "VERTIQUE_PEERS_STAMPS": str(stamps)}
@@ -389,13 +387,14 @@ class Procrastinate:
             cwd=ROOT,
             env=env,
         )
-        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=self.url))
-        task = app.configure_task("noop", queue="peers")
+        os.environ.update(self.env)
+        from benchmarks.peer_procrastinate_app import app, noop
+
         try:
             with app.open():
                 values = []
                 for i in range(-1, samples):  # -1: the warm-up the clock does not time
-                    task.defer(i=LATENCY_BASE + i)
+                    noop.defer(i=LATENCY_BASE + i)
                     returned = time.time()
                     started = wait_stamp(stamps, LATENCY_BASE + i)
                     if i >= 0:
