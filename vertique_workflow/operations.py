@@ -212,38 +212,24 @@ def _record_start(
     try:
         with writes:
             pin.admit()
-            # the key first: a concurrent start with the same key then resolves
-            # as a replay, not as a business-key conflict
-            claimed = dedup.claim(
-                "START",
-                scope,
-                definition_id,
-                idempotency_key,
+            # one statement, the key first: a concurrent start with the same key
+            # then resolves as a replay, not as a business-key conflict
+            claimed = instances.record_start(
                 instance_id,
-                fingerprint,
-                {"instanceId": str(instance_id)},
+                scope_key=scope,
+                definition_id=definition_id,
+                idempotency_key=idempotency_key,
+                fingerprint=fingerprint,
+                definition_version=pin.version,
+                plan_hash=pin.plan_hash,
+                definition_scope_key=pin.scope,
+                business_key=business_key,
+                subject=subject,
+                metadata={**(captured or {}), **({"parent": parent} if parent else {})},
+                payload=payload or {},
+                context=captured,
+                actor=context.stored_actor(actor),
             )
-            if claimed:
-                instances.insert_pending(
-                    instance_id,
-                    definition_id=definition_id,
-                    definition_version=pin.version,
-                    plan_hash=pin.plan_hash,
-                    business_key=business_key,
-                    subject=subject,
-                    metadata={**(captured or {}), **({"parent": parent} if parent else {})},
-                    scope_key=scope,
-                    definition_scope_key=pin.scope,
-                )
-                commands.insert(
-                    instance_id,
-                    "START",
-                    payload=payload or {},
-                    dedup_key=idempotency_key,
-                    target=subject,
-                    context=captured,
-                    actor=context.stored_actor(actor),
-                )
     except DatabaseError as exc:
         if db.sqlstate(exc) == "23505":
             raise WorkflowConflict(

@@ -125,9 +125,11 @@ logger = logging.getLogger("vertique_workflow.registry")
 
 LOCK_ID = "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))"
 
-LOCK_ID_SHARED = (
-    "SELECT pg_advisory_xact_lock_shared("
-    "hashtextextended('vertique_workflow.definition:' || %s, 0))"
+# A pin's admission: lock_timeout, then the shared id lock, in one statement (the
+# select list is evaluated in order, so the timeout bounds the lock's wait).
+ADMIT_LOCK_SHARED = (
+    "SELECT set_config('lock_timeout', %s, true), current_setting('transaction_isolation'), "
+    "pg_advisory_xact_lock_shared(hashtextextended('vertique_workflow.definition:' || %s, 0))"
 )
 
 LOCK_ROWS = f"""
@@ -900,9 +902,9 @@ def admit_pin(
     """Admit an instance pin ``(scope_key, definition_id, version)`` with ``plan_hash``.
 
     Runs in the caller's transaction (which it requires), before the pin is
-    written: ``lock_timeout``, the shared id lock in its own statement (starts
+    written: ``lock_timeout`` and the shared id lock in one statement (starts
     share it; a lifecycle mutation of the id waits for them), then the id's
-    rows in a second statement.
+    rows in a second statement, whose snapshot follows the lock.
 
     * No row of the id: admitted at READ COMMITTED; refused under REPEATABLE
       READ / SERIALIZABLE, whose snapshot cannot tell absence from a newly
@@ -930,9 +932,8 @@ def admit_pin(
         )
     try:
         with transaction.atomic(using=alias, savepoint=False), connection.cursor() as cursor:
-            cursor.execute(SET_LOCK_TIMEOUT, [_lock_timeout()])
-            _, isolation = cursor.fetchone()
-            cursor.execute(LOCK_ID_SHARED, [definition_id])
+            cursor.execute(ADMIT_LOCK_SHARED, [_lock_timeout(), definition_id])
+            _, isolation, _ = cursor.fetchone()
             read_committed = isolation == "read committed"
             cursor.execute(PIN_ROWS if read_committed else PIN_ROWS_FOR_SHARE, [definition_id])
             rows = cursor.fetchall()

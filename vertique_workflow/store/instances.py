@@ -16,10 +16,38 @@ T = db.T
 ENDED = ("COMPLETED", "COMPENSATED", "CANCELLED", "EXPIRED")
 ENDED_SQL = "(" + ", ".join(f"'{status}'" for status in ENDED) + ")"
 
-INSERT_PENDING = f"""
-INSERT INTO {T["instances"]} (id, definition_id, definition_version, plan_hash, status,
-    business_key, subject_json, metadata, scope_key, definition_scope_key)
-VALUES (%s, %s, %s, %s, 'PENDING', %s, %s::jsonb, %s::jsonb, %s, %s)
+# A start's three writes in one statement: its dedup key, then (only when the
+# key was new) the PENDING instance, its queue row and its START command. The
+# key goes first, so a concurrent start with the same key waits on it and
+# resolves as a replay, never as a business-key conflict. Returns the START
+# command's id; no row when another transaction committed the key first.
+RECORD_START = f"""
+WITH claimed AS (
+    INSERT INTO {T["dedup"]} (kind, scope_key, dedup_namespace, key, workflow_id, fingerprint,
+                              result_json)
+    VALUES ('START', %(scope)s, %(definition)s, %(key)s, %(wf)s, %(fingerprint)s,
+            %(result)s::jsonb)
+    ON CONFLICT (kind, scope_key, dedup_namespace, key) DO NOTHING
+    RETURNING workflow_id
+), inst AS (
+    INSERT INTO {T["instances"]} (id, definition_id, definition_version, plan_hash, status,
+        business_key, subject_json, metadata, scope_key, definition_scope_key)
+    SELECT %(wf)s, %(definition)s, %(version)s, %(plan_hash)s, 'PENDING', %(business_key)s,
+           %(subject)s::jsonb, %(metadata)s::jsonb, %(scope)s, %(definition_scope)s
+    FROM claimed
+    RETURNING id
+), queue AS (
+    INSERT INTO {T["command_queues"]} (workflow_id, next_seq) SELECT id, 2 FROM inst
+    RETURNING workflow_id
+)
+INSERT INTO {T["commands"]} (workflow_id, seq, kind, state, payload_json, dedup_key,
+    target_json, context_json, actor_kind, actor_id, actor_reason, on_behalf_of,
+    attribution_status, recorded_at, available_at)
+SELECT queue.workflow_id, 1, 'START', 'PENDING', %(payload)s::jsonb, %(key)s, %(subject)s::jsonb,
+       %(context)s::jsonb, %(actor_kind)s, %(actor_id)s, %(actor_reason)s, %(on_behalf_of)s,
+       %(attribution_status)s, clock_timestamp(), now()
+FROM queue
+RETURNING id
 """
 
 SELECT = f"""
@@ -112,32 +140,53 @@ class InstanceRow:
         return self.status in ENDED
 
 
-def insert_pending(
+def record_start(
     instance_id: Any,
     *,
+    scope_key: str,
     definition_id: str,
+    idempotency_key: str,
+    fingerprint: str,
     definition_version: int,
     plan_hash: str,
+    definition_scope_key: str,
     business_key: str | None,
     subject: Any,
     metadata: Any,
-    scope_key: str,
-    definition_scope_key: str,
-) -> None:
-    db.execute_prepared(
-        INSERT_PENDING,
-        (
-            instance_id,
-            definition_id,
-            definition_version,
-            plan_hash,
-            business_key,
-            None if subject is None else json.dumps(subject),
-            json.dumps(metadata or {}),
-            scope_key,
-            definition_scope_key,
-        ),
+    payload: Any,
+    context: Any,
+    actor: Any,
+) -> bool:
+    """Claim the start key and write the instance and its START command; False: a replay.
+
+    The caller holds the pin's admission (the shared id lock). A business key
+    already used raises the unique violation (23505) and writes nothing.
+    """
+    row = db.fetchone_prepared(
+        RECORD_START,
+        {
+            "wf": instance_id,
+            "scope": scope_key,
+            "definition": definition_id,
+            "key": idempotency_key,
+            "fingerprint": fingerprint,
+            "result": json.dumps({"instanceId": str(instance_id)}),
+            "version": definition_version,
+            "plan_hash": plan_hash,
+            "definition_scope": definition_scope_key,
+            "business_key": business_key,
+            "subject": None if subject is None else json.dumps(subject),
+            "metadata": json.dumps(metadata or {}),
+            "payload": json.dumps(payload),
+            "context": None if context is None else json.dumps(context),
+            "actor_kind": actor.kind,
+            "actor_id": actor.id,
+            "actor_reason": actor.reason,
+            "on_behalf_of": actor.on_behalf_of,
+            "attribution_status": actor.status,
+        },
     )
+    return row is not None
 
 
 def get(instance_id: Any) -> InstanceRow | None:
