@@ -1,4 +1,4 @@
-"""The schema a fresh database has after 0004, as PostgreSQL reports it.
+"""The schema a fresh database has after 0005, as PostgreSQL reports it.
 
 Reviewed against the reference (columns, checks, keys, foreign-key actions,
 index names); schema names are stripped so both placements compare with it.
@@ -244,6 +244,7 @@ EXPECTED = {
                 "idx_workflow_instances_scope_updated_at": "CREATE INDEX idx_workflow_instances_scope_updated_at ON workflow_instances USING btree (scope_key, updated_at DESC, id)",
                 "wf_inst_definition_idx": "CREATE INDEX wf_inst_definition_idx ON workflow_instances USING btree (definition_id, definition_version)",
                 "wf_inst_status_updated_idx": "CREATE INDEX wf_inst_status_updated_idx ON workflow_instances USING btree (status, updated_at)",
+                "wf_inst_archived_idx": "CREATE INDEX wf_inst_archived_idx ON workflow_instances USING btree (archived_at, id) WHERE (archived_at IS NOT NULL)",
                 "workflow_instances_pkey": "CREATE UNIQUE INDEX workflow_instances_pkey ON workflow_instances USING btree (id)",
             },
             "triggers": {},

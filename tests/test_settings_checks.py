@@ -128,6 +128,8 @@ BAD_INTEGERS = [
     ("RELAY_BATCH", 0, "is 0", "from 1 to 2147483647"),
     ("RELAY_CONCURRENCY", "2", "is a str, not an int", "from 1 to 2147483647"),
     ("RELAY_LEASE_MARGIN_SECONDS", 0, "is 0", "from 1 to 2147483647"),
+    ("RETENTION_BATCH", 0, "is 0", "from 1 to 2147483647"),
+    ("RETENTION_PURGE_ARCHIVED_SECONDS", 0, "is 0", "from 1 to 2147483647"),
 ]
 
 
@@ -218,3 +220,21 @@ def test_a_zero_lock_timeout_stops_manage_commands(scratch_database):
     assert (
         "VERTIQUE_WORKFLOW['LOCK_TIMEOUT_MS'] is 0; it must be an integer from 1" in result.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ([("COMPLETED", 1)], "is a list, not a dict"),
+        ({"DONE": 1}, "names an unknown status 'DONE'"),
+        ({"COMPLETED": "30d"}, "gives COMPLETED an age that is not a non-negative number"),
+        ({"COMPLETED": -1}, "gives COMPLETED an age that is not a non-negative number"),
+    ],
+)
+def test_a_bad_retention_archive_setting_is_a_system_check_error(value, problem):
+    errors = check_errors({"RETENTION_ARCHIVE": value})
+    assert len(errors) == 1 and "vertique_workflow.E023" in errors[0] and problem in errors[0]
+
+
+def test_a_good_retention_archive_setting_passes():
+    assert check_errors({"RETENTION_ARCHIVE": {"COMPLETED": 2592000, "FAILED": 86400.5}}) == []

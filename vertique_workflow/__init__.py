@@ -89,6 +89,7 @@ _EXPORTS = {
     "Retry": "definitions",
     "StepContext": "definitions",
     "probe": None,
+    "retention": None,
     "testing": None,
 }
 

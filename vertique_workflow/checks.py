@@ -40,7 +40,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="vertique_workflow.E003"))
     errors.extend(check_integer_settings())
+    errors.extend(check_retention_archive())
     return errors
+
+
+def check_retention_archive() -> list[checks.CheckMessage]:
+    """E023: RETENTION_ARCHIVE maps instance statuses to non-negative ages in seconds."""
+    from .models import InstanceStatus
+
+    value = workflow_settings.user_settings.get("RETENTION_ARCHIVE")
+    if value is None:
+        return []
+    problem = None
+    if not isinstance(value, dict):
+        problem = f"is a {type(value).__name__}, not a dict"
+    else:
+        for status, age in value.items():
+            if status not in InstanceStatus.values:
+                problem = f"names an unknown status {status!r}"
+            elif isinstance(age, bool) or not isinstance(age, (int, float)) or age < 0:
+                problem = f"gives {status} an age that is not a non-negative number of seconds"
+            if problem:
+                break
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            f"{SETTING_NAME}['RETENTION_ARCHIVE'] {problem}.",
+            hint="Map statuses to ages in seconds, e.g. {'COMPLETED': 2592000}.",
+            id="vertique_workflow.E023",
+        )
+    ]
 
 
 def check_integer_settings() -> list[checks.CheckMessage]:

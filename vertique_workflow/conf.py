@@ -151,6 +151,19 @@ DEFAULTS: dict[str, Default] = {
     "SERVICE_TASK_QUEUE": Default(
         "default", "Queue name of the Django Tasks recorder's service-call tasks."
     ),
+    "RETENTION_ARCHIVE": Default(
+        {},
+        "Statuses mapped to the age in seconds after which manage.py workflow_retention "
+        "archives them (e.g. {'COMPLETED': 2592000}); {} archives nothing.",
+    ),
+    "RETENTION_PURGE_ARCHIVED_SECONDS": Default(
+        None,
+        "Age of an archive after which workflow_retention purges the instance; None: never.",
+        minimum=1,
+    ),
+    "RETENTION_BATCH": Default(
+        500, "Instances one retention batch (one transaction) takes.", minimum=1
+    ),
     "PREPARED_STATEMENTS": Default(
         True,
         "The executor's hot statements are prepared once per connection (False behind a "

@@ -152,6 +152,12 @@ class WorkflowInstance(models.Model):
                 fields=["definition_id", "definition_version"], name="wf_inst_definition_idx"
             ),
             models.Index(fields=["status", "updated_at"], name="wf_inst_status_updated_idx"),
+            # retention's purge candidates: archived rows only, oldest archive first
+            models.Index(
+                fields=["archived_at", "id"],
+                name="wf_inst_archived_idx",
+                condition=models.Q(archived_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -26,6 +26,7 @@ from .pins import resolve_start_pin, signal_schema_source
 from .store import branches as branches_store
 from .store import commands, db, dedup, history, instances
 from .store import definitions as registry
+from .store import retention as retention_store
 from .store import tasks as tasks_store
 from .store import timers as timers_store
 
@@ -560,6 +561,8 @@ def retry(
             command_id, _ = commands.insert(
                 workflow_id, "RETRY", target=target, context=context.capture(), actor=stored
             )
+            if row.archived_at is not None:
+                retention_store.unarchive(workflow_id)  # a retried instance is live again
             if idempotency_key is not None and not dedup.claim(
                 "RETRY",
                 DEFAULT_SCOPE,
