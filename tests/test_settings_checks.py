@@ -129,6 +129,11 @@ BAD_INTEGERS = [
     ("RELAY_CONCURRENCY", "2", "is a str, not an int", "from 1 to 2147483647"),
     ("RELAY_LEASE_MARGIN_SECONDS", 0, "is 0", "from 1 to 2147483647"),
     ("RETENTION_BATCH", 0, "is 0", "from 1 to 2147483647"),
+    ("DOCTOR_PARKED_AFTER_SECONDS", 0, "is 0", "from 1 to 2147483647"),
+    ("DOCTOR_DEFERRALS", 0, "is 0", "from 1 to 2147483647"),
+    ("DOCTOR_SERVICE_STUCK_SECONDS", 0, "is 0", "from 1 to 2147483647"),
+    ("DOCTOR_NOTIFY_QUEUE_PERCENT", 101, "is 101", "from 1 to 100"),
+    ("DOCTOR_STALE_STATS_SECONDS", 0, "is 0", "from 1 to 2147483647"),
     ("RETENTION_PURGE_ARCHIVED_SECONDS", 0, "is 0", "from 1 to 2147483647"),
 ]
 
@@ -185,7 +190,7 @@ def test_the_defaults_and_the_bounds_themselves_pass():
     assert check_errors({key: default.value for key, default in DEFAULTS.items()}) == []
     edges = {key: default.minimum for key, default in DEFAULTS.items() if default.is_integer}
     assert check_errors(edges) == []
-    assert check_errors({key: INT4_MAX for key in edges}) == []
+    assert check_errors({key: DEFAULTS[key].maximum for key in edges}) == []
 
 
 def test_non_integer_settings_keep_their_own_checks():

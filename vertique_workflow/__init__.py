@@ -90,6 +90,7 @@ _EXPORTS = {
     "StepContext": "definitions",
     "probe": None,
     "retention": None,
+    "doctor": None,
     "testing": None,
 }
 

@@ -164,6 +164,21 @@ DEFAULTS: dict[str, Default] = {
     "RETENTION_BATCH": Default(
         500, "Instances one retention batch (one transaction) takes.", minimum=1
     ),
+    "DOCTOR_PARKED_AFTER_SECONDS": Default(
+        3600, "Age after which the doctor reports a parked signal.", minimum=1
+    ),
+    "DOCTOR_DEFERRALS": Default(
+        5, "Deferrals after which the doctor reports a command no node can run.", minimum=1
+    ),
+    "DOCTOR_SERVICE_STUCK_SECONDS": Default(
+        600, "How long past its lease or due time a service call is reported stuck.", minimum=1
+    ),
+    "DOCTOR_NOTIFY_QUEUE_PERCENT": Default(
+        50, "LISTEN/NOTIFY queue usage (percent) the doctor reports.", minimum=1, maximum=100
+    ),
+    "DOCTOR_STALE_STATS_SECONDS": Default(
+        86400, "Age of a busy table's last analyze the doctor reports as stale.", minimum=1
+    ),
     "PREPARED_STATEMENTS": Default(
         True,
         "The executor's hot statements are prepared once per connection (False behind a "

@@ -572,7 +572,10 @@ class InstanceActions:
         def view(function: Any) -> Any:
             return wrap(lambda request, object_id: function(self, request, object_id))
 
+        from .doctor import doctor_view
+
         return [
+            path("doctor/", wrap(lambda r: doctor_view(self, r)), name=f"{prefix}_doctor"),
             path("<path:object_id>/cancel/", view(cancel_view), name=f"{prefix}_cancel"),
             path("<path:object_id>/retry/", view(retry_view), name=f"{prefix}_retry"),
             path("<path:object_id>/signal/", view(signal_view), name=f"{prefix}_signal"),
@@ -590,7 +593,10 @@ def workflow_actions(request: HttpRequest, obj: WorkflowInstance | None) -> str:
     if obj is None:
         return render_to_string(
             f"{TEMPLATES}/list_links.html",
-            {"inbox_url": admin_url(WorkflowTask, "inbox")},
+            {
+                "inbox_url": admin_url(WorkflowTask, "inbox"),
+                "doctor_url": admin_url(WorkflowInstance, "doctor"),
+            },
             request=request,
         )
     return render_to_string(

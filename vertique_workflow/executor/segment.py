@@ -148,7 +148,7 @@ def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = 
             reason = f"this release does not run {head.kind} commands yet"
         if reason is not None:
             with transaction.atomic(using=db.alias()):
-                count = commands.defer(head.id, head, reason)
+                count = commands.defer(head.id, head, reason, node_id)
             return Outcome("DEFERRED" if count else "BUSY", head.id, head.workflow_id, head.kind)
     with transaction.atomic(using=db.alias()):
         claim = commands.claim(

@@ -299,7 +299,7 @@ DEFER = f"""
 UPDATE {T["commands"]}
 SET state = 'DEFERRED', deferral_count = deferral_count + 1,
     available_at = now() + make_interval(secs => LEAST(5 * power(2, deferral_count), 300)),
-    last_error = %s
+    last_error = %s, claimed_by = %s
 WHERE id = %s
 RETURNING deferral_count, seq, kind
 """
@@ -916,8 +916,12 @@ def dead_letter(command_id: int, token: Any, reason: str, step: str | None) -> s
     return "DEAD"
 
 
-def defer(command_id: int, head: Head, reason: str) -> int:
-    """Defer a head this node cannot run; returns the new deferral count (0: nothing)."""
+def defer(command_id: int, head: Head, reason: str, node_id: str | None = None) -> int:
+    """Defer a head this node cannot run; returns the new deferral count (0: nothing).
+
+    ``claimed_by`` keeps the node that deferred it last (the doctor names it:
+    a deferral that never clears is a plan no node that saw it has).
+    """
     if not try_lock_instance(head.workflow_id):
         return 0
     if (
@@ -934,7 +938,7 @@ def defer(command_id: int, head: Head, reason: str) -> int:
         is None
     ):
         return 0
-    row = db.fetchone(DEFER, (error_text("NOT_RUNNABLE", reason), command_id))
+    row = db.fetchone(DEFER, (error_text("NOT_RUNNABLE", reason), node_id, command_id))
     assert row is not None
     count, seq, kind = row
     if count == 1:
