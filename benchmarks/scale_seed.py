@@ -23,7 +23,7 @@ failing its first step, a timer step) and is mimicked here:
 
 The mix (by ``g % 100`` of the series number): 91 % COMPLETED, 3 % FAILED,
 3 % WAITING on a task, 2 % WAITING on a timer, 1 % COMPLETED and archived
-long ago. Scopes (by ``(g / 100) % 10``, independent of the mix): 70 %
+long ago. Scopes (by ``hashtext(g) % 10``, independent of the mix): 70 %
 ``default``, 20 % ``tenant-a``, 10 % ``tenant-b``. ``updated_at`` is spread
 over the last 90 days (a permutation of seconds, so rows do not come in
 time order); the archived ones are 120-210 days old.
@@ -117,10 +117,14 @@ ON CONFLICT DO NOTHING
 SEED_TABLE = f"""
 CREATE TEMPORARY TABLE scale_seed AS
 SELECT s.*, d.hash AS plan_hash,
-       s.at - make_interval(secs => 2 + s.g %% 60) AS created_at
+       s.at - make_interval(secs => 2 + s.g %% 60) AS created_at,
+       jsonb_build_object('orderId', s.g, 'customer', 'customer-' || (s.g %% 50000),
+           'amount', (s.g %% 997) + 0.5, 'currency', 'EUR',
+           'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (s.g %% 300),
+               'quantity', 1 + s.g %% 3))) AS base
 FROM (
     SELECT g, md5(%(tag)s || ':' || g)::uuid AS id, k.kind,
-           (ARRAY{list(SCOPES)!r})[1 + (g / 100) %% 10] AS scope,
+           (ARRAY{list(SCOPES)!r})[1 + abs(hashtext(g::text)) %% 10] AS scope,
            CASE WHEN k.kind = 'task' THEN 'scale-approval'
                 WHEN k.kind = 'timer' THEN 'scale-reminder'
                 WHEN (g / 7) %% 4 = 3 THEN 'scale-refund'
@@ -148,14 +152,13 @@ SELECT s.id, s.definition_id, s.definition_version, s.plan_hash,
                    WHEN 'timer' THEN 'WAITING' ELSE 'COMPLETED' END,
        CASE s.kind WHEN 'failed' THEN 'charge' WHEN 'task' THEN 'approve'
                    WHEN 'timer' THEN 'remind_later' ELSE 'done' END,
-       jsonb_build_object('orderId', s.g, 'customer', 'customer-' || (s.g %% 50000),
-           'amount', (s.g %% 997) + 0.5, 'currency', 'EUR',
-           'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (s.g %% 300),
-               'quantity', 1 + s.g %% 3)),
-           'reserved', true, 'charged', s.kind IN ('done', 'archived')),
+       s.base || '{{"reserved": true}}'::jsonb || CASE
+           WHEN s.kind IN ('done', 'archived') THEN '{{"charged": true}}'::jsonb
+           WHEN s.kind IN ('task', 'timer') THEN '{{"notified": true}}'::jsonb
+           ELSE '{{}}'::jsonb END,
        CASE WHEN s.g %% 2 = 0 THEN 'BK-' || s.g END,
        '{{}}'::jsonb,
-       CASE s.kind WHEN 'failed' THEN 1 WHEN 'task' THEN 2 WHEN 'timer' THEN 2 ELSE 3 END,
+       CASE WHEN s.kind = 'failed' THEN 1 ELSE 2 END,
        CASE WHEN s.kind = 'failed' THEN 'ATTEMPTS_EXHAUSTED' END,
        CASE WHEN s.kind = 'failed' THEN %(failure)s END,
        s.created_at, s.at,
@@ -178,8 +181,7 @@ INSERT INTO {T["commands"]} (workflow_id, seq, kind, state, payload_json, dedup_
     actor_kind, attribution_status, attempts, transient_count, deferral_count, recorded_at,
     available_at, settled_at, last_error)
 SELECT s.id, 1, 'START', CASE WHEN s.kind = 'failed' THEN 'DEAD' ELSE 'COMPLETE' END,
-       jsonb_build_object('orderId', s.g, 'customer', 'customer-' || (s.g %% 50000)),
-       'seed-' || s.g, 'scale-seed:node-' || (s.g %% 4), 'NONE', 'ABSENT',
+       s.base, 'seed-' || s.g, 'scale-seed:node-' || (s.g %% 4), 'NONE', 'ABSENT',
        CASE WHEN s.kind = 'failed' THEN 5 ELSE 1 END, 0, 0, s.created_at, s.created_at,
        CASE WHEN s.kind = 'failed' THEN NULL ELSE s.created_at + interval '40 ms' END,
        CASE WHEN s.kind = 'failed' THEN %(failure)s END
@@ -331,6 +333,7 @@ INSERT INTO {T["history"]} (workflow_id, sequence, event_type, payload_json, cre
     state_version_after, patch_json, entry_version)
 SELECT s.id, e.seq, e.event_type,
        CASE WHEN e.seq = 1 THEN e.payload || jsonb_build_object('definitionId', s.definition_id)
+            WHEN e.seq = 2 THEN jsonb_build_object('state', s.base)
             WHEN e.event_type IN ('COMMAND_DEAD_LETTERED', 'FAILED')
             THEN e.payload || jsonb_build_object('commandId', c.id)
             ELSE e.payload END,
@@ -416,10 +419,13 @@ def seed(
         ("workflow_definitions", DEFINITION_ROWS),
         ("workflow_definition_activations", ACTIVATION_ROWS),
         ("(seed list)", SEED_TABLE),
+        # statistics for the joins below (the planner would guess a nested loop)
+        ("(analyze seed list)", "ANALYZE scale_seed"),
         ("workflow_instances", INSTANCE_ROWS),
         ("workflow_dedup", DEDUP_ROWS),
         ("workflow_commands (START)", START_COMMANDS),
         ("workflow_commands (TIMER)", TIMER_COMMANDS),
+        ("(analyze commands)", f"ANALYZE {T['commands']}"),
         ("workflow_timers", TIMER_ROWS),
         ("workflow_tasks", TASK_ROWS),
         ("workflow_command_queues", QUEUE_ROWS),
@@ -429,7 +435,7 @@ def seed(
         for name, sql in steps:
             t0 = time.perf_counter()
             cursor.execute(sql, params)
-            rows = cursor.rowcount
+            rows = max(cursor.rowcount, 0)
             seconds = time.perf_counter() - t0
             report.steps.append((name, rows, seconds))
             if progress is not None:
