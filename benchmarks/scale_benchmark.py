@@ -97,6 +97,25 @@ def claim_params() -> dict[str, Any]:
     }
 
 
+def prepared_plans() -> tuple[int | None, int | None]:
+    """(generic, custom) plan counts of this connection's prepared claim statement.
+
+    PostgreSQL plans a prepared statement's first five executions for their
+    parameters, then keeps a generic plan only if it is not estimated dearer
+    than those; otherwise every call is planned again. None: not prepared.
+    """
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements "
+            "WHERE statement LIKE %s HAVING count(*) > 0",
+            ["%async_commit AS (SELECT set_config('synchronous_commit'%"],
+        )
+        row = cursor.fetchone()
+    return (None, None) if row is None else (int(row[0]), int(row[1]))
+
+
 def measure_claims(label: str, count: int, *, plans: bool = True) -> dict[str, float]:
     """Start ``count`` 3-action instances, EXPLAIN peek and claim, drain them in-process."""
     from django.db import transaction
@@ -153,6 +172,7 @@ def measure_claims(label: str, count: int, *, plans: bool = True) -> dict[str, f
         commands.claim_next = original
     idle_poll, _ = p50_p95(claim_times)
     claim_times = drained
+    generic, custom = prepared_plans()
     idle_ms = show_plan(
         f"claim, idle ({label}, nothing claimable)",
         commands.CLAIM_NEXT,
@@ -171,6 +191,11 @@ def measure_claims(label: str, count: int, *, plans: bool = True) -> dict[str, f
         "claim EXPLAIN ms": claim_ms,
         "idle claim EXPLAIN ms": idle_ms,
     }
+    if generic is not None:
+        print(
+            f"claim ({label}): prepared claim statement so far: {generic} generic plans, "
+            f"{custom} custom plans (custom: planned again at each call)"
+        )
     print(
         f"claim ({label}): {completed} instances drained in {elapsed:.2f} s in-process, "
         f"{figures['instances/s']:.0f} instances/s, {figures['claims/s']:.0f} claims/s; "
@@ -345,6 +370,11 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=1_000_000)
     parser.add_argument("--claims", type=int, default=2000)
     parser.add_argument("--claim-rounds", type=int, default=3)
+    parser.add_argument(
+        "--generic-plans",
+        action="store_true",
+        help="SET plan_cache_mode = force_generic_plan on the benchmark's connection",
+    )
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--retention-batches", type=int, default=5)
     args = parser.parse_args()
@@ -361,6 +391,12 @@ def main() -> None:
             f"server: {version.split(',')[0]}; fsync={fsync}, synchronous_commit={sync}, "
             f"shared_buffers={buffers}; {os.cpu_count()} CPUs"
         )
+        if args.generic_plans:
+            with connection.cursor() as cursor:
+                cursor.execute("SET plan_cache_mode = force_generic_plan")
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW plan_cache_mode")
+            print(f"plan_cache_mode={cursor.fetchone()[0]}")
         empty = claim_rounds("empty", args.claims, args.claim_rounds)
 
         from benchmarks.scale_seed import seed
