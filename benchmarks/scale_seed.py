@@ -17,7 +17,10 @@ failing its first step, a timer step) and is mimicked here:
   a step exhausts its attempts);
 * the queue row (``next_seq`` one past the last command);
 * five history entries (started, baseline, two decisions with patches, and
-  the entry that ended or parked the instance);
+  the entry that ended or parked the instance); a FAILED instance keeps the
+  first three too, for a uniform size, where a real one whose START
+  dead-letters has only the dead letter and FAILED (its segments rolled
+  back);
 * a WAITING instance has an OPEN task, or a SCHEDULED timer with its PENDING
   TIMER command (fire time in the future, so nothing becomes claimable).
 
