@@ -53,3 +53,23 @@ def test_prepared_statements_can_be_turned_off():
     drain(2, "d")
     assert prepared_statements() == []
     assert all(wf.get(i.id).status == "COMPLETED" for i in wf.instances())
+
+
+def plan_cache_mode() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW plan_cache_mode")
+        return cursor.fetchone()[0]
+
+
+def test_the_prepared_statements_keep_their_generic_plans():
+    """With real statistics PostgreSQL would re-plan the claim on every call."""
+    connection.close()
+    drain(2, "e")
+    assert plan_cache_mode() == "force_generic_plan"
+
+
+@override_settings(VERTIQUE_WORKFLOW={"PREPARED_STATEMENTS": False})
+def test_without_prepared_statements_the_session_keeps_its_plan_cache_mode():
+    connection.close()
+    drain(1, "f")
+    assert plan_cache_mode() == "auto"
