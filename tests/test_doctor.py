@@ -219,3 +219,26 @@ def test_the_admin_doctor_page_needs_staff_with_view_permission():
     assert client.get(url(WorkflowInstance, "doctor")).status_code == 302  # to the login
     client.login(username="plain", password="pw")
     assert client.get(url(WorkflowInstance, "doctor")).status_code == 403
+
+
+def test_a_diagnosis_opens_one_connection_and_leaves_no_transaction(monkeypatch):
+    from vertique_workflow.store import db as store_db
+
+    opened = []
+    original = store_db.separate_cursor
+
+    def counting() -> Any:
+        opened.append(1)
+        return original()
+
+    monkeypatch.setattr(store_db, "separate_cursor", counting)
+    healthy_mix()
+    dead = wf.start("order", {"amount": 5}, idempotency_key="one-conn")
+    sql(
+        f"UPDATE {T['commands']} SET state = 'DEAD' WHERE workflow_id = %s AND kind = 'START'",
+        [dead.id],
+    )
+    report = doctor.diagnose()
+    assert "DEAD_LETTERS" in kinds(report)
+    assert len(opened) == 1
+    assert not connection.in_atomic_block

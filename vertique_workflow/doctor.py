@@ -95,6 +95,11 @@ INSTANCE_COLUMNS = ("instance_id", "definition_id", "version", "status", "step",
 
 def diagnose(*, limit: int = 100) -> DoctorReport:
     """Everything that needs a human now, at most ``limit`` examples per finding."""
+    with reads.session():  # one connection for all the reads
+        return _diagnose(limit)
+
+
+def _diagnose(limit: int) -> DoctorReport:
     limit = max(1, min(int(limit), 1000))
     s = workflow_settings
     findings: list[Finding] = []

@@ -9,6 +9,9 @@ finding costs one bounded read.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from . import db
@@ -123,7 +126,31 @@ ORDER BY s.relname
 """
 
 
+_session: ContextVar[Any] = ContextVar("vertique_workflow_doctor_session", default=None)
+
+
+@contextmanager
+def session() -> Iterator[None]:
+    """One autocommit connection for every :func:`read` inside the block.
+
+    A diagnosis is about ten statements; a connection each cost more than the
+    statements themselves on a small database (measured: 53 ms against 17 ms
+    per diagnosis, local trust authentication). Each statement is still its
+    own transaction (autocommit), so nothing is held between them.
+    """
+    with db.separate_cursor() as cursor:
+        token = _session.set(cursor)
+        try:
+            yield
+        finally:
+            _session.reset(token)
+
+
 def read(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    cursor = _session.get()
+    if cursor is not None:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
     with db.separate_cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
