@@ -242,3 +242,27 @@ def test_a_diagnosis_opens_one_connection_and_leaves_no_transaction(monkeypatch)
     assert "DEAD_LETTERS" in kinds(report)
     assert len(opened) == 1
     assert not connection.in_atomic_block
+
+
+def test_a_dead_start_is_a_dead_letter_only_and_counts_are_exact_beyond_the_limit():
+    ids = [wf.start("order", {"amount": 5}, idempotency_key=f"dead-{i}").id for i in range(3)]
+    # PENDING instances whose START was dead-lettered: a retry repairs them
+    sql(
+        f"UPDATE {T['commands']} SET state = 'DEAD' WHERE workflow_id = ANY(%s::uuid[])",
+        [[str(i) for i in ids]],
+    )
+    found = kinds(doctor.diagnose(limit=2))
+    assert "STRANDED" not in found  # reported once, as dead letters
+    assert found["DEAD_LETTERS"].count == 3 and len(found["DEAD_LETTERS"].examples) == 2
+
+
+def test_a_version_with_no_recorded_signal_declaration_is_not_waiting_forever():
+    registry.sync_code_definitions()
+    ref = wf.start("nap", {}, idempotency_key="undeclared")
+    run_until_idle()
+    sql(f"UPDATE {T['timers']} SET status = 'CANCELLED' WHERE workflow_id = %s", [ref.id])
+    WorkflowCommand.objects.filter(workflow_id=ref.id, state="PENDING").update(state="CANCELLED")
+    assert example_ids(kinds(doctor.diagnose())["WAITING_FOREVER"]) == {ref.id}
+    # a row from before the column existed admits every signal name (as wf.signal does)
+    sql(f"UPDATE {T['definitions']} SET signal_names_json = NULL WHERE definition_id = 'nap'")
+    assert "WAITING_FOREVER" not in kinds(doctor.diagnose())
