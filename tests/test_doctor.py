@@ -266,3 +266,11 @@ def test_a_version_with_no_recorded_signal_declaration_is_not_waiting_forever():
     # a row from before the column existed admits every signal name (as wf.signal does)
     sql(f"UPDATE {T['definitions']} SET signal_names_json = NULL WHERE definition_id = 'nap'")
     assert "WAITING_FOREVER" not in kinds(doctor.diagnose())
+
+
+@pytest.mark.parametrize(
+    ("usage", "percent", "full"),
+    [(0.0, 1, False), (0.0099, 1, False), (0.01, 1, True), (0.49, 50, False), (0.5, 50, True)],
+)
+def test_the_notification_queue_is_a_finding_from_its_threshold_on(usage, percent, full):
+    assert doctor.notify_queue_full(usage, percent) is full

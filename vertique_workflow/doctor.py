@@ -195,7 +195,7 @@ def _diagnose(limit: int) -> DoctorReport:
     )
     usage = float(reads.read(reads.NOTIFY_QUEUE, {})[0][0] or 0.0)
     figures: dict[str, Any] = {"notification_queue_usage": usage}
-    if usage * 100 >= s.DOCTOR_NOTIFY_QUEUE_PERCENT:
+    if notify_queue_full(usage, s.DOCTOR_NOTIFY_QUEUE_PERCENT):
         findings.append(
             Finding(
                 "NOTIFY_QUEUE",
@@ -222,6 +222,11 @@ def _diagnose(limit: int) -> DoctorReport:
             )
         )
     return DoctorReport(findings, figures)
+
+
+def notify_queue_full(usage: float, percent: int) -> bool:
+    """Whether ``pg_notification_queue_usage()`` (a fraction) reaches ``percent``."""
+    return usage * 100 >= percent
 
 
 def _stale_tables(max_age: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
