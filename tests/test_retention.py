@@ -16,7 +16,7 @@ from django.test import override_settings
 import vertique_workflow as wf
 from tests.conftest import in_threads
 from vertique_workflow import retention, tables
-from vertique_workflow.models import WorkflowInstance
+from vertique_workflow.models import WorkflowInstance, WorkflowTask
 from vertique_workflow.store.commands import EXECUTION_LOCK_NAMESPACE
 from vertique_workflow.testing import run_until_idle
 
@@ -177,6 +177,8 @@ def test_purge_removes_every_row_of_the_instance_and_keeps_the_start_key():
         wf.signal(order, "paid", {"amount_paid": 5}, dedup_key="pay-1")
         wf.signal(kept, "paid", {"amount_paid": 5}, dedup_key="pay-1")
         run_until_idle(services=False)
+        task = WorkflowTask.objects.get(workflow_id=review)
+        wf.reassign_task(task.id, assignee="bob", idempotency_key="p-reassign")
         for instance in (review, parallel, charge):
             wf.cancel(instance, reason="purge test")
     doomed = [review, parallel, charge, order]
@@ -184,6 +186,7 @@ def test_purge_removes_every_row_of_the_instance_and_keeps_the_start_key():
     for table in DEPENDENTS:
         assert before[table] > 0, f"the test instances have no {table} rows"
     assert before["dedup SIGNAL"] == 1 and before["dedup START"] == 4
+    assert before["dedup DISPATCH"] == 1 and before["dedup TASK_REASSIGNMENT"] == 1
     kept_before = counts([kept])
     age([*doomed, kept], 40)
     assert retention.archive("CANCELLED", 30 * DAY).processed == 3
