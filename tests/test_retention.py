@@ -295,3 +295,45 @@ def test_the_command_refuses_bad_input_clearly(args: list[str]):
     with pytest.raises(CommandError):
         run(*args)
     assert archived(ids) == set()
+
+
+def test_the_try_lock_runs_once_per_candidate_and_no_more():
+    """The MATERIALIZED candidates: with five eligible rows and a batch of two,
+    the batch's transaction holds exactly two execution locks (a try-lock
+    evaluated on rows the LIMIT drops would hold locks nobody asked for)."""
+    from django.db import transaction
+
+    from vertique_workflow.store import retention as store
+
+    done = started(5, "once")
+    run_until_idle()
+    age(done, 40)
+    with transaction.atomic():
+        batch = store.archive_batch("COMPLETED", (30 * DAY).total_seconds(), 2, None)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND pid = pg_backend_pid() AND classid::bigint = %s",
+                [EXECUTION_LOCK_NAMESPACE],
+            )
+            (held,) = cursor.fetchone()
+    assert (batch.candidates, batch.processed, held) == (2, 2, 2)
+
+
+def test_a_busy_archived_instance_is_not_purged_until_its_lock_is_free(holder):
+    busy, free = started(2, "pbusy")
+    run_until_idle()
+    age([busy, free], 40)
+    assert retention.archive("COMPLETED", 30 * DAY).processed == 2
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(%s, hashtext(%s::text))", (EXECUTION_LOCK_NAMESPACE, busy)
+    )
+    cutoff = datetime.datetime.now(datetime.UTC) + DAY
+    result = retention.purge_archived(before=cutoff)
+    assert (result.processed, result.busy, result.left_alone) == (1, 1, 0)
+    assert set(
+        WorkflowInstance.objects.filter(id__in=[busy, free]).values_list("id", flat=True)
+    ) == {busy}
+    holder.rollback()
+    assert retention.purge_archived(before=cutoff).processed == 1
+    assert not WorkflowInstance.objects.filter(id__in=[busy, free]).exists()
