@@ -16,7 +16,7 @@ from django.test import override_settings
 import vertique_workflow as wf
 from tests.conftest import in_threads
 from vertique_workflow import retention, tables
-from vertique_workflow.models import WorkflowInstance
+from vertique_workflow.models import WorkflowInstance, WorkflowTask
 from vertique_workflow.store.commands import EXECUTION_LOCK_NAMESPACE
 from vertique_workflow.testing import run_until_idle
 
@@ -177,6 +177,8 @@ def test_purge_removes_every_row_of_the_instance_and_keeps_the_start_key():
         wf.signal(order, "paid", {"amount_paid": 5}, dedup_key="pay-1")
         wf.signal(kept, "paid", {"amount_paid": 5}, dedup_key="pay-1")
         run_until_idle(services=False)
+        task = WorkflowTask.objects.get(workflow_id=review)
+        wf.reassign_task(task.id, assignee="bob", idempotency_key="p-reassign")
         for instance in (review, parallel, charge):
             wf.cancel(instance, reason="purge test")
     doomed = [review, parallel, charge, order]
@@ -184,6 +186,7 @@ def test_purge_removes_every_row_of_the_instance_and_keeps_the_start_key():
     for table in DEPENDENTS:
         assert before[table] > 0, f"the test instances have no {table} rows"
     assert before["dedup SIGNAL"] == 1 and before["dedup START"] == 4
+    assert before["dedup DISPATCH"] == 1 and before["dedup TASK_REASSIGNMENT"] == 1
     kept_before = counts([kept])
     age([*doomed, kept], 40)
     assert retention.archive("CANCELLED", 30 * DAY).processed == 3
@@ -292,3 +295,45 @@ def test_the_command_refuses_bad_input_clearly(args: list[str]):
     with pytest.raises(CommandError):
         run(*args)
     assert archived(ids) == set()
+
+
+def test_the_try_lock_runs_once_per_candidate_and_no_more():
+    """The MATERIALIZED candidates: with five eligible rows and a batch of two,
+    the batch's transaction holds exactly two execution locks (a try-lock
+    evaluated on rows the LIMIT drops would hold locks nobody asked for)."""
+    from django.db import transaction
+
+    from vertique_workflow.store import retention as store
+
+    done = started(5, "once")
+    run_until_idle()
+    age(done, 40)
+    with transaction.atomic():
+        batch = store.archive_batch("COMPLETED", (30 * DAY).total_seconds(), 2, None)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND pid = pg_backend_pid() AND classid::bigint = %s",
+                [EXECUTION_LOCK_NAMESPACE],
+            )
+            (held,) = cursor.fetchone()
+    assert (batch.candidates, batch.processed, held) == (2, 2, 2)
+
+
+def test_a_busy_archived_instance_is_not_purged_until_its_lock_is_free(holder):
+    busy, free = started(2, "pbusy")
+    run_until_idle()
+    age([busy, free], 40)
+    assert retention.archive("COMPLETED", 30 * DAY).processed == 2
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(%s, hashtext(%s::text))", (EXECUTION_LOCK_NAMESPACE, busy)
+    )
+    cutoff = datetime.datetime.now(datetime.UTC) + DAY
+    result = retention.purge_archived(before=cutoff)
+    assert (result.processed, result.busy, result.left_alone) == (1, 1, 0)
+    assert set(
+        WorkflowInstance.objects.filter(id__in=[busy, free]).values_list("id", flat=True)
+    ) == {busy}
+    holder.rollback()
+    assert retention.purge_archived(before=cutoff).processed == 1
+    assert not WorkflowInstance.objects.filter(id__in=[busy, free]).exists()

@@ -23,6 +23,18 @@ events, and dedup keys other than the START key: a start key outlives its
 instance, so a late replay of that start answers "no longer exists" instead
 of starting it again.
 
+Which dedup keys are the instance's: every ``workflow_dedup`` row names its
+owner in ``workflow_id`` (indexed), whatever its namespace says. SIGNAL keys
+(namespace: the instance id; a child's outcome signal is the *parent's* row,
+owned by the parent), TASK_COMPLETION / TASK_REASSIGNMENT keys (namespace:
+the task id, ``workflow_id`` the task's instance), RETRY keys (namespace: the
+instance), DISPATCH keys (namespace: the instance, or
+instance/branch token) are deduplication *within* the instance: with the
+instance gone nothing can be delivered to it twice, so they go. A START key
+(namespace: the definition, ``workflow_id`` the started instance) guards
+against a second instance and is kept, as above. Matching on ``workflow_id``
+rather than parsing namespaces never touches another instance's keys.
+
 Candidates come in keyset order — ``(updated_at, id)`` for an archive,
 ``(archived_at, id)`` for a purge — so a sweep's next batch continues after
 the last candidate of the one before and a busy or left-alone instance is not
