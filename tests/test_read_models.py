@@ -256,3 +256,12 @@ def test_count_non_terminal_counts_live_instances_of_that_version_and_scope():
     assert wf.count_non_terminal("shipment", 1) == 0
     with pytest.raises(wf.WorkflowValidationError):
         wf.count_non_terminal("order", "1")  # type: ignore[arg-type]
+
+
+def test_the_summary_fields_follow_the_selected_columns():
+    """InstanceSummary is built positionally from the page statement's columns."""
+    import dataclasses
+
+    renamed = {"current_step_id": "current_step", "scope_key": "scope"}
+    columns = [renamed.get(c, c) for c in read_models.INSTANCE_COLUMNS.split(", ")]
+    assert [f.name for f in dataclasses.fields(wf.InstanceSummary)] == columns

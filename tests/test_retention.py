@@ -49,6 +49,20 @@ def archived(ids: list[Any]) -> set[Any]:
     )
 
 
+def failed_shipment(key: str) -> Any:
+    """A FAILED instance: the carrier refuses the shipment for good."""
+    from tests.flows.workflows import Gate
+
+    (failed,) = started(1, key, flow="shipment")
+    Gate.non_retryable = True
+    try:
+        run_until_idle()
+    finally:
+        Gate.non_retryable = False
+    assert wf.get(failed).status == "FAILED"
+    return failed
+
+
 def test_archive_takes_old_instances_of_the_status_only():
     old = started(3, "old")
     recent = started(2, "recent")
@@ -92,15 +106,7 @@ def test_a_busy_instance_is_skipped_counted_and_taken_later(holder):
 
 
 def test_an_instance_with_an_active_command_is_never_archived():
-    (failed,) = started(1, "f", flow="shipment")
-    from tests.flows.workflows import Gate
-
-    Gate.non_retryable = True
-    try:
-        run_until_idle()
-    finally:
-        Gate.non_retryable = False
-    assert wf.get(failed).status == "FAILED"
+    failed = failed_shipment("f")
     wf.retry(failed)  # a RETRY is PENDING: the instance keeps its place
     age([failed], 40)
     result = retention.archive("FAILED", 30 * DAY)
@@ -109,14 +115,7 @@ def test_an_instance_with_an_active_command_is_never_archived():
 
 
 def test_a_retry_unarchives_a_failed_instance():
-    (failed,) = started(1, "u", flow="shipment")
-    from tests.flows.workflows import Gate
-
-    Gate.non_retryable = True
-    try:
-        run_until_idle()
-    finally:
-        Gate.non_retryable = False
+    failed = failed_shipment("u")
     age([failed], 40)
     assert retention.archive("FAILED", 30 * DAY).processed == 1
     assert archived([failed]) == {failed}

@@ -35,6 +35,9 @@ STATUSES = frozenset(InstanceStatus.values)
 class InstanceSummary:
     """One row of an instance list: the snapshot row without its state.
 
+    Fields in the order of ``store.read_models.INSTANCE_COLUMNS`` (the row is
+    built from it positionally).
+
     ``archived_at`` is set on rows retention archived (listed only with
     ``include_archived=True``).
     """
@@ -226,25 +229,7 @@ def instances(
         raise WorkflowValidationError("the cursor is not an instance-list cursor") from None
     except DatabaseError as exc:
         raise db.translate(exc, "list instances") from None
-    items = [
-        InstanceSummary(
-            id=r.id,
-            definition_id=r.definition_id,
-            definition_version=r.definition_version,
-            status=r.status,
-            current_step=r.current_step_id,
-            business_key=r.business_key,
-            scope=r.scope_key,
-            error_type=r.error_type,
-            error_message=r.error_message,
-            version=r.version,
-            created_at=r.created_at,
-            updated_at=r.updated_at,
-            completed_at=r.completed_at,
-            archived_at=r.archived_at,
-        )
-        for r in page.rows
-    ]
+    items = [InstanceSummary(*row) for row in page.rows]
     return InstancePage(items, page.next_cursor)
 
 

@@ -40,26 +40,10 @@ INSTANCE_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class InstanceSummaryRow:
-    id: uuid.UUID
-    definition_id: str
-    definition_version: int
-    status: str
-    current_step_id: str | None
-    business_key: str | None
-    scope_key: str
-    error_type: str | None
-    error_message: str | None
-    version: int
-    created_at: datetime.datetime
-    updated_at: datetime.datetime
-    completed_at: datetime.datetime | None
-    archived_at: datetime.datetime | None
-
-
-@dataclass(frozen=True)
 class InstancePageRows:
-    rows: list[InstanceSummaryRow]
+    """Rows in ``INSTANCE_COLUMNS`` order (``query.InstanceSummary`` has the same order)."""
+
+    rows: list[tuple[Any, ...]]
     next_cursor: str | None
 
 
@@ -175,11 +159,12 @@ LIMIT %(limit)s
 def instance_page(**filters: Any) -> InstancePageRows:
     """One keyset page of instance summaries (see :func:`instance_page_sql`)."""
     sql, params, limit = instance_page_sql(**filters)
-    rows = [InstanceSummaryRow(*r) for r in db.fetchall(sql, params)]
+    rows = db.fetchall(sql, params)
     next_cursor = None
     if len(rows) > limit:
         rows = rows[:limit]
-        next_cursor = encode_instance_cursor(rows[-1].updated_at, rows[-1].id)
+        last = dict(zip(INSTANCE_COLUMNS.split(", "), rows[-1], strict=True))
+        next_cursor = encode_instance_cursor(last["updated_at"], last["id"])
     return InstancePageRows(rows, next_cursor)
 
 
