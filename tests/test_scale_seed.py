@@ -24,10 +24,14 @@ from vertique_workflow.models import (
     WorkflowTask,
     WorkflowTimer,
 )
+from vertique_workflow.tables import sql_names
 
 pytestmark = pytest.mark.django_db
 
 COUNT = 200
+
+
+T = sql_names()
 
 
 @pytest.fixture
@@ -57,20 +61,20 @@ def test_every_instance_has_its_history_commands_and_queue_row(seeded: dict[str,
     with connection.cursor() as cursor:
         # sequences 1..5 without gaps, queue next_seq one past the last command
         cursor.execute(
-            """
-            SELECT count(*) FROM workflow_instances i
-            WHERE (SELECT array_agg(h.sequence ORDER BY h.sequence) FROM workflow_history h
+            f"""
+            SELECT count(*) FROM {T["instances"]} i
+            WHERE (SELECT array_agg(h.sequence ORDER BY h.sequence) FROM {T["history"]} h
                    WHERE h.workflow_id = i.id) <> ARRAY[1, 2, 3, 4, 5]::bigint[]
-               OR (SELECT q.next_seq FROM workflow_command_queues q WHERE q.workflow_id = i.id)
-                  <> 1 + (SELECT max(c.seq) FROM workflow_commands c WHERE c.workflow_id = i.id)
+               OR (SELECT q.next_seq FROM {T["command_queues"]} q WHERE q.workflow_id = i.id)
+                  <> 1 + (SELECT max(c.seq) FROM {T["commands"]} c WHERE c.workflow_id = i.id)
             """
         )
         assert cursor.fetchone()[0] == 0
         # every pin is a registered definition
         cursor.execute(
-            """
-            SELECT count(*) FROM workflow_instances i WHERE NOT EXISTS (
-                SELECT 1 FROM workflow_definitions d
+            f"""
+            SELECT count(*) FROM {T["instances"]} i WHERE NOT EXISTS (
+                SELECT 1 FROM {T["definitions"]} d
                 WHERE (d.scope_key, d.definition_id, d.definition_version, d.plan_hash)
                     = (i.definition_scope_key, i.definition_id, i.definition_version, i.plan_hash))
             """
