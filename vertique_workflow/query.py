@@ -24,10 +24,10 @@ from django.db import DatabaseError
 
 from .exceptions import WorkflowNotFound, WorkflowValidationError
 from .models import InstanceStatus
+from .operations import DEFAULT_SCOPE, _uuid
 from .store import db, read_models
 from .store import instances as instances_store
 
-DEFAULT_SCOPE = "default"
 STATUSES = frozenset(InstanceStatus.values)
 
 
@@ -143,13 +143,6 @@ class HistoryPage:
         from .operations import state_at
 
         return state_at(self.instance_id, sequence)
-
-
-def _uuid(value: Any) -> uuid.UUID:
-    try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-    except ValueError:
-        raise WorkflowNotFound("no workflow instance with that id") from None
 
 
 def _statuses(status: str | Iterable[str] | None) -> list[str] | None:
