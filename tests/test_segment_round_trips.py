@@ -1,0 +1,103 @@
+"""The segment's execution lock and fence go to the server in one round trip.
+
+Counted on the wire: libpq's protocol trace of Django's own connection lists
+every message the client sends, and each Sync (extended protocol) or Query
+(simple protocol) is a point where the client waits for the server. psycopg
+waits for a transaction's BEGIN on its own, even in a pipeline.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+from django.db.models.functions import Now
+from django.test import override_settings
+from psycopg import pq
+
+import vertique_workflow as wf
+from vertique_workflow.executor.segment import Claimed, run_claimed, run_next
+from vertique_workflow.models import WorkflowCommand
+from vertique_workflow.pins import resident_plan
+from vertique_workflow.store import commands
+from vertique_workflow.testing import run_until_idle
+
+from .conftest import connect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def client_waits(run: Any) -> list[str]:
+    """The Sync and Query messages the client sent while ``run()`` ran, in order."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            run()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        lines = [line.split("\t") for line in trace.read().splitlines()]
+    return [
+        (f"Query {fields[3].strip()}" if fields[2] == "Query" else "Sync")
+        for fields in lines
+        if len(fields) > 2 and fields[0] == "F" and fields[2] in ("Sync", "Query")
+    ]
+
+
+def test_a_segment_waits_on_the_server_four_times_after_its_claim():
+    wf.start("order", {"amount": 0}, idempotency_key="warm")
+    run_until_idle()  # the statements are prepared on this connection from here on
+    ref = wf.start("order", {"amount": 0}, idempotency_key="traced")
+    waits = client_waits(lambda: run_next("n1"))
+    assert wf.get(ref.id).status == "COMPLETED"
+    # the claim (autocommit), BEGIN, lock + fence (one pipeline), the persist, COMMIT
+    assert waits == ["Sync", "Sync", "Sync", "Sync", 'Query "COMMIT"'], waits
+
+
+def test_a_busy_execution_lock_fails_the_pipelined_segment_retryably():
+    ref = wf.start("order", {"amount": 0}, idempotency_key="busy")
+    plan = resident_plan("order", 1)
+    claimed = commands.claim_next(
+        node_id="n1",
+        lease_seconds=30,
+        max_attempts=5,
+        resident=[("default", "order", 1)],
+        kinds=("START",),
+    )
+    assert claimed is not None
+    claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, "START")
+    with connect(connection.settings_dict["NAME"]) as holder:
+        holder.execute(
+            f"SELECT pg_advisory_xact_lock({commands.EXECUTION_LOCK_NAMESPACE}, "
+            "hashtext(%s::text))",
+            [str(ref.id)],
+        )
+        with override_settings(VERTIQUE_WORKFLOW={"LOCK_TIMEOUT_MS": 50}):
+            outcome = run_claimed(claim, plan, "n1")
+        holder.rollback()
+    assert outcome.result == "RETRIED"
+    row = WorkflowCommand.objects.get(pk=claimed.id)
+    assert (row.state, row.attempts, row.transient_count) == ("PENDING", 0, 1)
+    assert row.last_error.startswith("TRANSIENT_FAILURE: database error 55P03")
+    assert wf.get(ref.id).status == "PENDING"
+    # the connection left pipeline mode cleanly: the same session runs the retry
+    assert connection.connection.pgconn.pipeline_status == pq.PipelineStatus.OFF
+    WorkflowCommand.objects.filter(pk=claimed.id).update(available_at=Now())  # skip the backoff
+    assert run_until_idle().outcomes == ["COMPLETED"]
+    assert wf.get(ref.id).status == "COMPLETED"
+
+
+def test_without_pipeline_support_the_segment_runs_its_statements_one_by_one(monkeypatch):
+    monkeypatch.setattr(psycopg.Pipeline, "is_supported", classmethod(lambda cls: False))
+    wf.start("order", {"amount": 0}, idempotency_key="warm")
+    run_until_idle()
+    ref = wf.start("order", {"amount": 0}, idempotency_key="sequential")
+    waits = client_waits(lambda: run_next("n1"))
+    assert wf.get(ref.id).status == "COMPLETED"
+    assert waits == ["Sync", 'Query "BEGIN"', "Sync", "Sync", "Sync", 'Query "COMMIT"'], waits
