@@ -426,10 +426,8 @@ def _segment(
     failed_branches: tuple[tuple[str, str, str], ...] = (),
 ) -> tuple[str, str | None]:
     """The segment's statements and drive; returns (result, the step the instance is at)."""
-    loaded = segment_store.begin_and_fence(
+    segment_store.begin(
         claim.workflow_id,
-        claim.command_id,
-        claim.token,
         lock_timeout_ms=workflow_settings.LOCK_TIMEOUT_MS,
         transaction_timeout_ms=(
             workflow_settings.SEGMENT_DEADLINE_MS
@@ -437,6 +435,7 @@ def _segment(
             else None
         ),
     )
+    loaded = segment_store.fence_and_load(claim.command_id, claim.token)
     if loaded is None:
         return "LOST", None
     command, row = loaded.command, loaded.instance

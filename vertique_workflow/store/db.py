@@ -183,10 +183,10 @@ class _Prepared:
 
     def __init__(self, cursor: Any, prepare: bool) -> None:
         self._cursor = cursor
-        self.prepare = prepare
+        self._prepare = prepare
 
     def execute(self, sql: str, params: Any = ()) -> Any:
-        return self._cursor.execute(sql, params, prepare=self.prepare)
+        return self._cursor.execute(sql, params, prepare=self._prepare)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
@@ -197,40 +197,6 @@ def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     with prepared_cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchone()
-
-
-def fetchone_pipelined(
-    statements: Sequence[tuple[str, Any]],
-) -> list[tuple[Any, ...] | None]:
-    """The first row of each hot static statement, all sent in one round trip.
-
-    psycopg's pipeline mode queues the statements and sends them with one
-    Sync (a transaction not started yet gets its ``BEGIN`` first, which
-    psycopg waits for on its own): the server runs them in order, so a statement still sees what
-    the ones before it did (an execution lock taken before a read). A failing
-    statement raises its own error (the ones after it are skipped), mapped
-    to ``django.db`` errors as from any cursor. Without pipeline support in
-    the client library the statements run one after the other.
-    """
-    import psycopg
-
-    with prepared_cursor() as first:
-        if len(statements) == 1 or not psycopg.Pipeline.is_supported():
-            rows = []
-            for sql, params in statements:
-                first.execute(sql, params)
-                rows.append(first.fetchone())
-            return rows
-        raw = first.connection
-        cursors = [first, *(_Prepared(psycopg.Cursor(raw), first.prepare) for _ in statements[1:])]
-        try:
-            with raw.pipeline():
-                for cur, (sql, params) in zip(cursors, statements, strict=True):
-                    cur.execute(sql, params)
-            return [cur.fetchone() for cur in cursors]
-        finally:
-            for cur in cursors[1:]:
-                cur.close()
 
 
 def execute_prepared(sql: str, params: Any = ()) -> int:

@@ -1,14 +1,13 @@
 """The segment's statements, combined so a segment costs few round trips.
 
 A segment is one transaction: (1) its deadline and the execution lock in one
-statement, (2) the fence on the claim token together with the instance row
-((1) and (2) go in one pipelined round trip), (3) every write
-of the transition — the instance (optimistic version), the history entries
-and the command's completion with the open-signal counter — in one statement
-of data-modifying CTEs, in the lock order instances → command queues. Each
-piece keeps the rule of its table family (see ``commands.py``,
-``instances.py``, ``history.py``); this module only joins them into fewer
-statements.
+statement, (2) the fence on the claim token together with the instance row,
+(3) every write of the transition — the instance (optimistic version), the
+history entries and the command's completion with the open-signal counter —
+in one statement of data-modifying CTEs, in the lock order instances →
+command queues. Each piece keeps the rule of its table family (see
+``commands.py``, ``instances.py``, ``history.py``); this module only joins
+them into fewer statements.
 """
 
 from __future__ import annotations
@@ -101,33 +100,24 @@ class Loaded:
     has_parked_or_dead: bool
 
 
-def begin_and_fence(
-    workflow_id: Any,
-    command_id: int,
-    token: Any,
-    *,
-    lock_timeout_ms: int,
-    transaction_timeout_ms: int | None = None,
-) -> Loaded | None:
-    """The segment's first round trip: the execution lock, then the fence and the instance.
-
-    Two statements (the lock must be held before the fence's snapshot is
-    taken, so they cannot be one) sent in one pipeline
-    (``db.fetchone_pipelined``; psycopg waits for the transaction's BEGIN
-    before it, on its own). On PostgreSQL 17+ the lock
-    statement also sets transaction_timeout. None: the claim was lost.
-    """
+def begin(
+    workflow_id: Any, *, lock_timeout_ms: int, transaction_timeout_ms: int | None = None
+) -> None:
+    """The segment's first statement: the execution lock (and transaction_timeout on 17+)."""
     lock = (f"{int(lock_timeout_ms)}ms", str(workflow_id))
     if transaction_timeout_ms is None:
-        first: tuple[str, Any] = (BEGIN_SEGMENT, lock)
+        db.fetchone_prepared(BEGIN_SEGMENT, lock)
     else:
-        first = (BEGIN_SEGMENT_WITH_TIMEOUT, (f"{int(transaction_timeout_ms)}ms", *lock))
-    _, row = db.fetchone_pipelined([first, (FENCE_AND_LOAD, (command_id, token))])
-    return None if row is None else loaded_from_row(row)
+        db.fetchone_prepared(
+            BEGIN_SEGMENT_WITH_TIMEOUT, (f"{int(transaction_timeout_ms)}ms", *lock)
+        )
 
 
-def loaded_from_row(row: tuple[Any, ...]) -> Loaded:
-    """The fenced command, its instance and the parked/dead mark from a FENCE_AND_LOAD row."""
+def fence_and_load(command_id: int, token: Any) -> Loaded | None:
+    """The fenced command and its instance; None when the claim was lost."""
+    row = db.fetchone_prepared(FENCE_AND_LOAD, (command_id, token))
+    if row is None:
+        return None
     (
         cid,
         wf,
