@@ -47,6 +47,8 @@ from vertique_workflow.store.definitions import (
     select_version,
 )
 
+from .wire import client_waits
+
 T = tables.sql_names()
 LOCK_KEY = "SELECT {}(hashtextextended('vertique_workflow.definition:' || %s, 0))"
 
@@ -490,7 +492,7 @@ def test_select_version_not_found_and_nothing_available():
 
 
 @pytest.mark.django_db
-def test_selection_read_returns_both_scopes_and_their_activations(django_assert_num_queries):
+def test_selection_read_returns_both_scopes_and_their_activations():
     definition_id = new_id()
     store.upsert_code(FakePlan(definition_id, 1))
     store.upsert_code(FakePlan(definition_id, 2))
@@ -502,8 +504,12 @@ def test_selection_read_returns_both_scopes_and_their_activations(django_assert_
     WorkflowDefinition.objects.filter(
         definition_id=definition_id, scope_key="tenant", definition_version=1
     ).update(failure_reason="MADE_UP")
-    with django_assert_num_queries(1):
-        result = store.selection_read("tenant", definition_id)
+    store.selection_read("tenant", definition_id)  # the first run prepares it (Parse, Sync)
+    read = []
+    assert client_waits(lambda: read.append(store.selection_read("tenant", definition_id))) == [
+        "Sync"  # then one round trip: the prepared statement
+    ]
+    (result,) = read
     assert [r.key for r in result.rows] == [
         ("default", definition_id, 1),
         ("default", definition_id, 2),

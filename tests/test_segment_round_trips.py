@@ -1,20 +1,14 @@
 """How many times a segment waits on the server, and a busy lock's way out.
 
-Counted on the wire: libpq's protocol trace of Django's own connection lists
-every message the client sends, and each Sync (extended protocol) or Query
-(simple protocol) is a point where the client waits for the server.
+Counted on the wire (``tests/wire.py``).
 """
 
 from __future__ import annotations
-
-import tempfile
-from typing import Any
 
 import pytest
 from django.db import connection
 from django.db.models.functions import Now
 from django.test import override_settings
-from psycopg import pq
 
 import vertique_workflow as wf
 from vertique_workflow.executor.segment import Claimed, run_claimed, run_next
@@ -24,28 +18,9 @@ from vertique_workflow.store import commands
 from vertique_workflow.testing import run_until_idle
 
 from .conftest import connect
+from .wire import client_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def client_waits(run: Any) -> list[str]:
-    """The Sync and Query messages the client sent while ``run()`` ran, in order."""
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
-    with tempfile.TemporaryFile("w+") as trace:
-        pgconn.trace(trace.fileno())
-        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        try:
-            run()
-        finally:
-            pgconn.untrace()
-        trace.seek(0)
-        lines = [line.split("\t") for line in trace.read().splitlines()]
-    return [
-        (f"Query {fields[3].strip()}" if fields[2] == "Query" else "Sync")
-        for fields in lines
-        if len(fields) > 2 and fields[0] == "F" and fields[2] in ("Sync", "Query")
-    ]
 
 
 def test_a_segment_waits_on_the_server_five_times_after_its_claim():

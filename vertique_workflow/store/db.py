@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, connections
 
 from ..conf import workflow_settings
@@ -97,8 +98,6 @@ def separate_cursor() -> Iterator[Any]:
     transaction and ``now()`` is the database clock at that statement. Errors
     surface as ``django.db`` errors, as from any cursor.
     """
-    import psycopg
-
     wrapper = connection()
     with (
         wrapper.wrap_database_errors,
@@ -131,29 +130,46 @@ def prepared_cursor() -> Iterator[Any]:
     prepare the statement once per connection and keep its plan
     (``PREPARED_STATEMENTS``; without it the statements run unprepared).
     For static statements only: every distinct text is a prepared statement.
+    The cursor is made once per connection and reused (the hot path runs
+    several statements a command; a fresh psycopg cursor each time costs more
+    Python than the statement's own round trip on a local server).
     """
-    import psycopg
-
-    from ..conf import workflow_settings
-
     check_deadline()
     wrapper = connection()
-    wrapper.ensure_connection()
     raw = wrapper.connection
+    if raw is None or raw.closed:
+        wrapper.ensure_connection()
+        raw = wrapper.connection
     prepare = bool(workflow_settings.PREPARED_STATEMENTS)
+    # Django's error wrapper: callers see django.db errors, as from any cursor
+    with wrapper.wrap_database_errors:
+        cursor = getattr(raw, "_vertique_cursor", None)
+        if cursor is None or cursor.prepare != prepare or cursor.closed:
+            cursor = _open_prepared_cursor(raw, prepare)
+        elif _wants_generic_plans(raw, prepare):
+            _keep_plans_generic(raw)
+        yield cursor
+
+
+def _open_prepared_cursor(raw: Any, prepare: bool) -> Any:
+    """The connection's reused cursor, after allowing preparation on it when asked."""
     if prepare and raw.prepare_threshold is None:
         # Django disables psycopg's preparation (prepare_threshold=None), and with it
         # every prepare=True: allow it again, for the statements that ask only.
         raw.prepare_threshold = ONLY_WHEN_ASKED
-    if prepare and raw.prepare_threshold == ONLY_WHEN_ASKED and not _generic(raw):
+    if not hasattr(raw, "_vertique_generic_plans"):
+        raw._vertique_generic_plans = False
+    if _wants_generic_plans(raw, prepare):
         _keep_plans_generic(raw)
-    # Django's error wrapper: callers see django.db errors, as from any cursor
-    with wrapper.wrap_database_errors, psycopg.Cursor(raw) as cur:
-        yield _Prepared(cur, prepare)
+    cursor = _PreparingCursor(raw)
+    cursor.prepare = prepare
+    raw._vertique_cursor = cursor
+    return cursor
 
 
-def _generic(raw: Any) -> bool:
-    return getattr(raw, "_vertique_generic_plans", False)
+def _wants_generic_plans(raw: Any, prepare: bool) -> bool:
+    """Only a connection whose threshold this module set gets the session setting."""
+    return prepare and not raw._vertique_generic_plans and raw.prepare_threshold == ONLY_WHEN_ASKED
 
 
 def _keep_plans_generic(raw: Any) -> None:
@@ -165,10 +181,10 @@ def _keep_plans_generic(raw: Any) -> None:
     only prepared statements of a connection whose threshold this module set
     are its own, so the session setting reaches no one else's. It is set only
     in autocommit (a SET inside a transaction that rolls back would be undone);
-    a connection that never is idle keeps PostgreSQL's default choice.
+    a connection that never is idle keeps PostgreSQL's default choice
+    (``_vertique_generic_plans`` stays False and it is tried again at the
+    next statement).
     """
-    import psycopg
-
     if not raw.autocommit or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         return
     raw.execute(KEEP_PLANS_GENERIC)
@@ -178,18 +194,14 @@ def _keep_plans_generic(raw: Any) -> None:
 KEEP_PLANS_GENERIC = "SET plan_cache_mode = force_generic_plan"
 
 
-class _Prepared:
+class _PreparingCursor(psycopg.Cursor):  # type: ignore[type-arg]
     """A psycopg cursor whose ``execute`` prepares (or not, by the setting)."""
 
-    def __init__(self, cursor: Any, prepare: bool) -> None:
-        self._cursor = cursor
-        self._prepare = prepare
+    prepare: bool = True
 
-    def execute(self, sql: str, params: Any = ()) -> Any:
-        return self._cursor.execute(sql, params, prepare=self._prepare)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cursor, name)
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        kwargs.setdefault("prepare", self.prepare)
+        return super().execute(query, params, **kwargs)
 
 
 def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
@@ -197,6 +209,13 @@ def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     with prepared_cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchone()
+
+
+def fetchall_prepared(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    """``fetchall`` of a hot static statement, prepared once per connection."""
+    with prepared_cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
 
 
 def execute_prepared(sql: str, params: Any = ()) -> int:

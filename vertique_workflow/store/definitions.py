@@ -777,10 +777,10 @@ def selection_read(start_scope: str, definition_id: str) -> SelectionResult:
     lock_timeout, no writes. What it sees follows the caller's isolation level
     (at READ COMMITTED every activation committed before the read).
     """
-    connection = connections[db.alias()]
-    with connection.cursor() as cursor:
-        cursor.execute(SELECTION_READ, [definition_id, start_scope, definition_id, start_scope])
-        fetched = cursor.fetchall()
+    # prepared: every start runs it (its plan would otherwise be made each time)
+    fetched = db.fetchall_prepared(
+        SELECTION_READ, [definition_id, start_scope, definition_id, start_scope]
+    )
     rows: list[DefinitionRow] = []
     activations: list[Activation] = []
     for (
@@ -931,7 +931,8 @@ def admit_pin(
             f"transaction.atomic(using={alias!r})"
         )
     try:
-        with transaction.atomic(using=alias, savepoint=False), connection.cursor() as cursor:
+        # prepared, as every start runs them
+        with transaction.atomic(using=alias, savepoint=False), db.prepared_cursor() as cursor:
             cursor.execute(ADMIT_LOCK_SHARED, [_lock_timeout(), definition_id])
             _, isolation, _ = cursor.fetchone()
             read_committed = isolation == "read committed"
