@@ -39,6 +39,7 @@ from vertique_workflow.models import (
     WorkflowDefinitionActivation,
     WorkflowInstance,
 )
+from vertique_workflow.store import dedup
 from vertique_workflow.store import definitions as store
 from vertique_workflow.store.definitions import (
     Activation,
@@ -538,6 +539,50 @@ def test_selection_read_returns_both_scopes_and_their_activations():
         2,
     )
     assert store.selection_read("tenant", "no-such-id").rows == ()
+
+
+@pytest.mark.django_db
+def test_start_read_returns_the_key_row_and_the_selection_read_in_one_round_trip():
+    definition_id = new_id()
+    store.upsert_code(FakePlan(definition_id, 1))
+    document_row(definition_id, 2, scope="tenant")
+    store.put_activation("tenant", definition_id, "tenant", 2)
+    store.start_read("tenant", definition_id, "warm")  # the first run prepares it
+    read = []
+    assert client_waits(lambda: read.append(store.start_read("tenant", definition_id, "k1"))) == [
+        "Sync"
+    ]
+    ((earlier, selection),) = read
+    assert earlier is None  # a new key
+    assert selection == store.selection_read("tenant", definition_id)
+    assert [r.key for r in selection.rows] == [
+        ("default", definition_id, 1),
+        ("tenant", definition_id, 2),
+    ]
+    # a key already used: the dedup row, as dedup.find reads it, with the same selection
+    first = uuid.uuid4()
+    assert dedup.claim("START", "tenant", definition_id, "k1", first, "fp-1")
+    earlier, again = store.start_read("tenant", definition_id, "k1")
+    assert earlier == dedup.find("START", "tenant", definition_id, "k1")
+    assert earlier is not None and (earlier[0], earlier[1]) == (first, "fp-1")
+    assert again == selection
+    # the key is scoped: the same key in another scope or of another id is new
+    assert store.start_read("default", definition_id, "k1")[0] is None
+    assert store.start_read("tenant", new_id(), "k1")[0] is None
+
+
+@pytest.mark.django_db
+def test_start_read_of_an_id_without_rows_still_returns_its_key():
+    definition_id = new_id()
+    workflow_id = uuid.uuid4()
+    assert dedup.claim("START", "default", definition_id, "k", workflow_id, "fp")
+    earlier, selection = store.start_read("default", definition_id, "k")
+    assert earlier is not None and earlier[:2] == (workflow_id, "fp")
+    assert (selection.rows, selection.activations) == ((), ())
+    assert store.start_read("default", definition_id, "other") == (
+        None,
+        store.selection_read("default", definition_id),
+    )
 
 
 # --------------------------------------------------------------------------

@@ -201,10 +201,11 @@ def _record_start(
     lost race leaves that transaction usable and nothing written; in a
     transaction of ``start``'s own no savepoint is needed (nothing else is in it).
     """
-    earlier = dedup.find("START", scope, definition_id, idempotency_key)
+    # the key and the selection read in one statement (one wait on the server)
+    earlier, selection = registry.start_read(scope, definition_id, idempotency_key)
     if earlier is not None:
         return _replayed_start(earlier, fingerprint)
-    pin = resolve_start_pin(definition_id, scope, version)
+    pin = resolve_start_pin(definition_id, scope, version, selection)
     pin.check_start_payload(payload or {})
     instance_id = uuid.uuid4()
     # captured once: the instance's metadata and the START command hold the same document

@@ -123,9 +123,18 @@ class Pin:
         registry.admit_pin(self.scope, self.definition_id, self.version, self.plan_hash)
 
 
-def resolve_start_pin(definition_id: str, scope: str, version: int | None) -> Pin:
-    """Select the version to start (selection read) and the plan to validate with."""
-    result = registry.selection_read(scope, definition_id)
+def resolve_start_pin(
+    definition_id: str,
+    scope: str,
+    version: int | None,
+    selection: registry.SelectionResult | None = None,
+) -> Pin:
+    """Select the version to start and the plan to validate with.
+
+    From ``selection`` when the caller read it already (``start`` reads it
+    with its key, :func:`registry.start_read`), else from a selection read.
+    """
+    result = registry.selection_read(scope, definition_id) if selection is None else selection
     if not result.rows:
         plan = catalog.get(definition_id, version) if version else catalog.latest(definition_id)
         if plan is None:

@@ -52,7 +52,7 @@ from ..exceptions import (
     WorkflowPersistenceError,
     WorkflowValidationError,
 )
-from . import db
+from . import db, dedup
 from .instances import ENDED as ENDED_INSTANCE_STATUSES
 
 __all__ = [
@@ -82,6 +82,7 @@ __all__ = [
     "select_version",
     "selection_read",
     "signal_declaration",
+    "start_read",
     "stranded_instances",
     "transition",
     "upsert_code",
@@ -229,6 +230,22 @@ SELECT 'ACTIVATION', scope_key, definition_version, NULL, NULL, NULL,
        target_scope_key
 FROM {T["definition_activations"]}
 WHERE definition_id = %s AND scope_key IN (%s, 'default')
+"""
+
+SELECTION_COLUMNS = (
+    "source, scope_key, definition_version, status, kind, contract_name, state_type_name, "
+    "failure_reason, plan_hash, signal_names_json, start_schema_json, target_scope_key"
+)
+
+# A start's first read: its idempotency key's row (findStart) and the selection
+# read in one statement, so a first start waits on the server once for both.
+# One row at least (the VALUES row): the key's columns are NULL when the key is
+# new, the selection's columns NULL when the id has no row and no activation.
+START_READ = f"""
+SELECT earlier.workflow_id, earlier.fingerprint, earlier.result_json, {SELECTION_COLUMNS}
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN ({dedup.FIND}) AS earlier ON true
+LEFT JOIN ({SELECTION_READ}) AS selection ({SELECTION_COLUMNS}) ON true
 """
 
 PIN_ROWS = f"""
@@ -781,6 +798,42 @@ def selection_read(start_scope: str, definition_id: str) -> SelectionResult:
     fetched = db.fetchall_prepared(
         SELECTION_READ, [definition_id, start_scope, definition_id, start_scope]
     )
+    return _selection(start_scope, definition_id, fetched)
+
+
+def start_read(
+    start_scope: str, definition_id: str, idempotency_key: str
+) -> tuple[tuple[Any, str, Any] | None, SelectionResult]:
+    """A start's key row (as :func:`dedup.find` of ``START``) and its selection read, at once.
+
+    One prepared statement on the caller's connection and transaction, one
+    snapshot for both: the key's ``(workflow_id, fingerprint, result)`` or
+    None, and what :func:`selection_read` returns. A replay ignores the
+    selection; a first start selects its version from it.
+    """
+    fetched = db.fetchall_prepared(
+        START_READ,
+        [
+            "START",
+            start_scope,
+            definition_id,
+            idempotency_key,
+            definition_id,
+            start_scope,
+            definition_id,
+            start_scope,
+        ],
+    )
+    workflow_id, fingerprint, result = fetched[0][:3]
+    earlier = None if workflow_id is None else (workflow_id, fingerprint, result)
+    selection = [row[3:] for row in fetched if row[3] is not None]
+    return earlier, _selection(start_scope, definition_id, selection)
+
+
+def _selection(
+    start_scope: str, definition_id: str, fetched: Sequence[Sequence[Any]]
+) -> SelectionResult:
+    """The selection read's rows, parsed and in key order."""
     rows: list[DefinitionRow] = []
     activations: list[Activation] = []
     for (

@@ -1,0 +1,49 @@
+"""How many times ``start()`` waits on the server (counted on the wire, ``tests/wire.py``)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+import vertique_workflow as wf
+
+from .wire import client_waits
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_start_outside_a_transaction_waits_on_the_server_six_times():
+    """BEGIN, key + selection read, admission lock, pin rows, record, COMMIT.
+
+    The reference's admission is two statements (the shared lock, then the
+    rows under it); the key and the selection read share one.
+    """
+    wf.start("order", {"amount": 0}, idempotency_key="warm")  # prepares the statements
+    started = []
+    waits = client_waits(
+        lambda: started.append(wf.start("order", {"amount": 1}, idempotency_key="traced"))
+    )
+    assert waits == ['Query "BEGIN"', "Sync", "Sync", "Sync", "Sync", 'Query "COMMIT"'], waits
+    (ref,) = started
+    assert ref.created and wf.get(ref.id).status == "PENDING"
+
+
+def test_a_replayed_start_reads_once_and_writes_nothing():
+    first = wf.start("order", {"amount": 2}, idempotency_key="same")
+    wf.start("order", {"amount": 2}, idempotency_key="same")  # prepares the replay's read
+    waits = client_waits(lambda: wf.start("order", {"amount": 2}, idempotency_key="same"))
+    # BEGIN, the key + selection read, the instance read of the replay, COMMIT
+    assert waits == ['Query "BEGIN"', "Sync", "Sync", 'Query "COMMIT"'], waits
+    again = wf.start("order", {"amount": 2}, idempotency_key="same")
+    assert (again.id, again.created) == (first.id, False)
+
+
+def test_a_start_in_the_callers_transaction_adds_no_begin_or_commit_of_its_own():
+    wf.start("order", {"amount": 0}, idempotency_key="warm")
+    with transaction.atomic():
+        wf.start("order", {"amount": 0}, idempotency_key="outer-warm")
+        waits = client_waits(lambda: wf.start("order", {"amount": 3}, idempotency_key="inner"))
+    # the key + selection read, then the writes in a savepoint (a refusal leaves the
+    # caller's transaction usable): admission lock, pin rows, record
+    shape = [w if not w.startswith("Query") else w.split('"')[1].split()[0] for w in waits]
+    assert shape == ["Sync", "SAVEPOINT", "Sync", "Sync", "Sync", "RELEASE"], waits
