@@ -22,6 +22,7 @@ from django.test.utils import CaptureQueriesContext
 import vertique_workflow as wf
 from tests.conftest import connect
 from tests.executor_process import server_query
+from tests.wire import client_waits
 from vertique_workflow import probe, tables
 from vertique_workflow.executor import daemon, segment
 from vertique_workflow.executor.daemon import SAMPLER_APPLICATION_NAME, Executor, ExecutorOptions
@@ -83,6 +84,13 @@ def test_the_idle_read_measures_a_hint_on_the_database_clock():
     later = commands.availability_delays(now_ms + 600_000).hint
     assert later is not None and 0 < later <= 600_000
     assert commands.availability_delays().hint is None
+
+
+def test_the_idle_read_is_one_prepared_statement():
+    """A woken worker reads it before it claims: one round trip, no planning each time."""
+    hint = db_now_ms()
+    commands.availability_delays(hint)  # the first run prepares it
+    assert client_waits(lambda: commands.availability_delays(hint)) == ["Sync"]
 
 
 # -- 6. notification payloads ------------------------------------------------------------

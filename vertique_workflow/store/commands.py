@@ -1033,7 +1033,8 @@ def stale(command_id: int, token: Any, reason: str) -> str | None:
 
 def availability_delays(hint_ms: int | None = None) -> AvailabilityDelays:
     """The executor's idle read: every delay from one database clock sample."""
-    row = db.fetchone(AVAILABILITY_DELAYS_MS, {"hint": hint_ms})
+    # prepared: a worker reads it after every due notification, before it claims
+    row = db.fetchone_prepared(AVAILABILITY_DELAYS_MS, {"hint": hint_ms})
     if row is None:
         return AvailabilityDelays(None, None, None)
 
