@@ -47,3 +47,15 @@ def test_a_start_in_the_callers_transaction_adds_no_begin_or_commit_of_its_own()
     # caller's transaction usable): admission lock, pin rows, record
     shape = [w if not w.startswith("Query") else w.split('"')[1].split()[0] for w in waits]
     assert shape == ["Sync", "SAVEPOINT", "Sync", "Sync", "Sync", "RELEASE"], waits
+
+
+def test_a_signal_outside_a_transaction_is_one_transaction_of_prepared_statements():
+    """BEGIN, key, instance, declared names, lock, open-signal count, key claim, insert, COMMIT.
+
+    One commit for the reads and the writes, every statement prepared (a
+    ``Query`` between BEGIN and COMMIT would be an unprepared Django cursor).
+    """
+    ref = wf.start("order", {"amount": 5}, idempotency_key="for-signals")
+    wf.signal(ref.id, "paid", {"amount_paid": 5}, dedup_key="warm")  # prepares the statements
+    waits = client_waits(lambda: wf.signal(ref.id, "paid", {"amount_paid": 5}, dedup_key="traced"))
+    assert waits == ['Query "BEGIN"', *["Sync"] * 7, 'Query "COMMIT"'], waits

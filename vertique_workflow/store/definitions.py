@@ -1043,10 +1043,8 @@ def signal_declaration(
     executor recorded the definition) from a row whose ``signal_names_json``
     is NULL (written before the column existed: every name is admitted).
     """
-    connection = connections[db.alias()]
-    with connection.cursor() as cursor:
-        cursor.execute(SIGNAL_NAMES, [scope_key, definition_id, version])
-        row = cursor.fetchone()
+    # prepared: every signal() reads it
+    row = db.fetchone_prepared(SIGNAL_NAMES, [scope_key, definition_id, version])
     if row is None:
         return False, None
     value = _load(row[0])
