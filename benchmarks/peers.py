@@ -605,6 +605,11 @@ def main() -> None:
     parser.add_argument("--latency-samples", type=int, default=100)
     parser.add_argument("--starts", type=int, default=500, help="one-per-transaction starts")
     parser.add_argument("--skip", default="", help="comma list: procrastinate,dbos,ours-wide")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma list of words: run only the scenarios whose name holds one (e.g. latency)",
+    )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     meter = Meter()
@@ -646,6 +651,9 @@ def main() -> None:
                 ("dbos 3-step", lambda: dbos.drain(meter, n)),
                 ("dbos latency", lambda: dbos.latency(args.latency_samples)),
             ]
+        only = [word for word in args.only.split(",") if word]
+        if only:
+            scenarios = [s for s in scenarios if any(word in s[0] for word in only)]
         urls = [system.url for system in (ours, proc, dbos) if system is not None]
         for repetition in range(args.repetitions):
             print(f"-- repetition {repetition + 1} of {args.repetitions}", flush=True)

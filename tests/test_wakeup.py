@@ -87,10 +87,74 @@ def test_the_idle_read_measures_a_hint_on_the_database_clock():
 
 
 def test_the_idle_read_is_one_prepared_statement():
-    """A woken worker reads it before it claims: one round trip, no planning each time."""
+    """A worker reads it after every peek that found nothing: one round trip, planned once."""
     hint = db_now_ms()
     commands.availability_delays(hint)  # the first run prepares it
     assert client_waits(lambda: commands.availability_delays(hint)) == ["Sync"]
+
+
+def claim_or_delays(hint_ms: int | None) -> commands.ClaimedCommand | commands.AvailabilityDelays:
+    return commands.claim_next_or_delays(
+        node_id="n1",
+        lease_seconds=30,
+        max_attempts=5,
+        resident=[("default", "order", 1)],
+        kinds=("START",),
+        hint_ms=hint_ms,
+    )
+
+
+def test_a_notified_claim_claims_a_due_command_in_one_prepared_statement():
+    """The notified worker's statement claims as claim_next does, in one round trip."""
+    wf.start("order", {"amount": 5}, idempotency_key="warm")
+    warm = claim_or_delays(db_now_ms())  # the first run prepares it
+    assert isinstance(warm, commands.ClaimedCommand)
+    ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
+    hint = db_now_ms()
+    found: list[Any] = []
+    waits = client_waits(lambda: found.append(claim_or_delays(hint)))
+    assert waits == ["Sync"]
+    claimed = found[0]
+    assert isinstance(claimed, commands.ClaimedCommand)
+    assert (claimed.workflow_id, claimed.kind, claimed.attempts) == (ref.id, "START", 1)
+    assert (claimed.definition_id, claimed.definition_version) == ("order", 1)
+    row = WorkflowCommand.objects.get(pk=claimed.id)
+    assert (row.state, row.claimed_by, row.claim_token) == ("CLAIMED", "n1", claimed.token)
+    # committed on its own: another session sees the claim
+    seen = server_query(f"SELECT state FROM {T['commands']} WHERE id = %s", (claimed.id,))
+    assert seen == [("CLAIMED",)]
+
+
+def test_a_notified_claim_with_nothing_claimable_answers_the_delays_of_the_idle_read():
+    make_command("1 hour")  # an instance of no resident plan: never claimed here
+    now_ms = db_now_ms()
+    for hint in (now_ms - 1000, now_ms + 600_000):
+        delays = claim_or_delays(hint)
+        assert isinstance(delays, commands.AvailabilityDelays)
+        idle = commands.availability_delays(hint)
+        assert delays.earliest is not None and 3_000_000 < delays.earliest <= 3_600_000
+        assert delays.next_future is not None and 3_000_000 < delays.next_future <= 3_600_000
+        assert idle.earliest is not None and idle.earliest <= delays.earliest  # read later
+        assert (delays.hint == 0) == (hint < now_ms)
+        assert delays.hint is not None and delays.hint <= 600_000
+    assert WorkflowCommand.objects.get().state == "PENDING"  # nothing claimed or written
+
+
+def test_a_notified_claim_leaves_a_busy_instance_to_the_peek_path():
+    """A head whose execution lock is held is not claimed: the delays say it is due."""
+    ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
+    with connect(connection.settings_dict["NAME"]) as holder:
+        holder.execute(
+            f"SELECT pg_advisory_xact_lock({commands.EXECUTION_LOCK_NAMESPACE}, "
+            "hashtext(%s::text))",
+            [str(ref.id)],
+        )
+        delays = claim_or_delays(db_now_ms())
+        holder.rollback()
+    assert isinstance(delays, commands.AvailabilityDelays)
+    assert (delays.earliest, delays.hint) == (0, 0)
+    command = WorkflowCommand.objects.get(workflow_id=ref.id)
+    assert (command.state, command.attempts) == ("PENDING", 0)
 
 
 # -- 6. notification payloads ------------------------------------------------------------
@@ -139,9 +203,16 @@ def running(monkeypatch) -> Iterator[Running]:
         log.put(("peek", threading.current_thread().name, None, None))
         return real_run_next(*args, **kwargs)
 
+    def claim_notified(node_id: str, hint_ms: int | None) -> Any:
+        result = real_claim_notified(node_id, hint_ms)
+        log.put(("read", threading.current_thread().name, hint_ms, result))
+        return result
+
     # spies only: the reads still run on PostgreSQL
+    real_claim_notified = segment.claim_notified
     monkeypatch.setattr(commands, "availability_delays", delays)
     monkeypatch.setattr(daemon.segment, "run_next", run_next)
+    monkeypatch.setattr(daemon.segment, "claim_notified", claim_notified)
     one_hour = 3600.0  # only a notification can wake a worker during a test
     executor = Executor(
         ExecutorOptions(concurrency=3, poll_interval=one_hour, stats_interval=0, grace_seconds=10)
@@ -204,10 +275,13 @@ def test_a_due_time_payload_makes_the_worker_peek(running):
 
 def test_a_recorded_start_is_run_by_the_notification(running):
     ref = wf.start("order", {"amount": 5}, idempotency_key="k1")
-    # the trigger's payload is the command's available time (already due)
-    _, _, seen_hint, result = running.next_event("read")
-    assert seen_hint is not None and result.hint == 0
-    running.next_event("peek")
+    # the trigger's payload is the command's available time (already due): the
+    # woken worker's one statement claims the start, with no peek or delay read first
+    _, woken, seen_hint, result = running.next_event("read")
+    assert seen_hint is not None
+    assert isinstance(result, commands.ClaimedCommand) and result.workflow_id == ref.id
+    _, peeker, _, _ = running.next_event("peek")  # after the segment, it looks for more
+    assert peeker == woken
     running.settle()
     assert wf.get(ref.id).status == "WAITING"
 

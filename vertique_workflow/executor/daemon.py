@@ -222,6 +222,10 @@ class Executor:
         the two statements); if that finds nothing either, what is available is
         behind a head in flight or held back, and the worker waits for the next
         future availability instead of spinning.
+
+        A notification that carries an available time is answered with one
+        statement (:meth:`_claim_notified`): it claims a due command at once,
+        or reads the delays that schedule the worker, all on the database clock.
         """
         alias = self.options.database
         peek = True
@@ -240,7 +244,14 @@ class Executor:
                         deadline = time.monotonic() + self.options.poll_interval
                     # from here a notification may pick this worker; its wake is kept
                     self._mark_waiting(index)
-                    delays = commands.availability_delays(hint)
+                    if hint is None:
+                        delays = commands.availability_delays()
+                    else:
+                        found = self._claim_notified(index, hint)
+                        if found is None:
+                            peek, hint, repeeked = True, None, False
+                            continue
+                        delays = found
                 except DatabaseError as exc:
                     logger.warning(
                         "worker %s: database error %s; retrying after the poll interval",
@@ -267,11 +278,32 @@ class Executor:
                 self._sleep(index, max(0.0, until - time.monotonic()))
                 woken = self._take_wake(index)
                 if isinstance(woken, int):
-                    peek, hint = False, woken  # a future time: re-read the delays first
+                    peek, hint = False, woken  # an available time: claim, else the delays
                 else:
                     peek, repeeked = True, False
         finally:
             connections[alias].close()
+
+    def _claim_notified(self, index: int, hint: int) -> commands.AvailabilityDelays | None:
+        """Claim and run what a notification woke the worker for; else the delays.
+
+        One statement claims a due command or, when the common path has
+        nothing to claim, reads the delays (the hint's among them) on the
+        database clock. None: a command ran, so the worker peeks again.
+        """
+        self._busy[index] = True
+        try:
+            found = segment.claim_notified(self.options.node_id, hint)
+            if isinstance(found, commands.AvailabilityDelays):
+                return found
+            self._take_wake(index)  # it runs a segment now: not waiting any more
+            outcome = segment.run_next_claimed(
+                found, self.options.node_id, should_stop=self.stopping.is_set
+            )
+        finally:
+            self._busy[index] = False
+        self._record(outcome)
+        return None
 
     def _work_once(self, index: int) -> bool:
         """Run what is claimable now; False when nothing was."""

@@ -117,6 +117,32 @@ def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Out
     )
     if claimed is None:
         return None
+    return run_next_claimed(claimed, node_id, should_stop)
+
+
+def claim_notified(
+    node_id: str, hint_ms: int | None
+) -> commands.ClaimedCommand | commands.AvailabilityDelays:
+    """A notified worker's one statement: the claim of :func:`run_next`, or the delays.
+
+    Run the claim with :func:`run_next_claimed`; the delays (nothing was
+    claimable by the common path) schedule the worker as
+    :func:`vertique_workflow.store.commands.availability_delays` would.
+    """
+    return commands.claim_next_or_delays(
+        node_id=node_id,
+        lease_seconds=workflow_settings.LEASE_SECONDS,
+        max_attempts=workflow_settings.MAX_ATTEMPTS,
+        resident=resident_pins(),
+        kinds=SUPPORTED_KINDS,
+        hint_ms=hint_ms,
+    )
+
+
+def run_next_claimed(
+    claimed: commands.ClaimedCommand, node_id: str, should_stop: Callable[[], bool] | None = None
+) -> Outcome:
+    """Run a command claimed by the common path's claim statement, to settlement."""
     claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, claimed.kind)
     if should_stop is not None and should_stop():
         commands.release(claim.command_id, claim.token)

@@ -107,8 +107,8 @@ LIMIT %s
 # commits synchronously, and WAL is flushed in order, so a durable segment
 # implies a durable claim. A claim lost in a crash is a claim never made: the
 # command is PENDING again with its attempt unspent.
-CLAIM_NEXT = f"""
-WITH async_commit AS (SELECT set_config('synchronous_commit', 'off', true) AS setting),
+_CLAIM_NEXT_CTES = f"""
+async_commit AS (SELECT set_config('synchronous_commit', 'off', true) AS setting),
 cand AS (
     SELECT c.id, c.workflow_id
     FROM async_commit, {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
@@ -122,7 +122,8 @@ cand AS (
     ORDER BY c.available_at
     LIMIT 1
     FOR UPDATE OF c SKIP LOCKED
-)
+)"""
+_CLAIM_NEXT_UPDATE = f"""
 UPDATE {T["commands"]} c
 SET state = 'CLAIMED', attempts = c.attempts + 1, claim_token = gen_random_uuid(),
     lease_until = now() + make_interval(secs => %(lease)s), claimed_by = %(node)s
@@ -134,6 +135,7 @@ RETURNING c.id, c.workflow_id, c.seq, c.kind, c.claim_token, c.attempts,
                         i.definition_scope_key]
            FROM {T["instances"]} i WHERE i.id = c.workflow_id)
 """
+CLAIM_NEXT = f"WITH {_CLAIM_NEXT_CTES}{_CLAIM_NEXT_UPDATE}"
 
 CLAIM_READ = f"""
 SELECT c.id, c.workflow_id, c.seq, c.kind, c.attempts, c.target_json, c.task_id,
@@ -397,17 +399,30 @@ FROM {T["commands"]} WHERE workflow_id = %s AND state IN ('PARKED', 'DEAD')
 # available, NULL when nothing is pending), to the earliest one still in the
 # future, and to a notification's epoch-millisecond hint (0 once it is due).
 # NULLs stay NULL (GREATEST would turn them into 0): the clamp is in Python.
-AVAILABILITY_DELAYS_MS = f"""
-WITH clock AS MATERIALIZED (SELECT now() AS t),
+_DELAYS_CTES = f"""
+clock AS MATERIALIZED (SELECT now() AS t),
 pending AS (
   SELECT min(c.available_at) AS earliest,
          min(c.available_at) FILTER (WHERE c.available_at > (SELECT t FROM clock)) AS future
   FROM {T["commands"]} c WHERE c.state IN ('PENDING', 'DEFERRED')
-)
+)"""
+_DELAYS_SELECT = """
 SELECT ceil(extract(epoch FROM (p.earliest - k.t)) * 1000)::bigint,
        ceil(extract(epoch FROM (p.future - k.t)) * 1000)::bigint,
-       (%(hint)s::bigint - floor(extract(epoch FROM k.t) * 1000))::bigint
-FROM clock k, pending p
+       (%(hint)s::bigint - floor(extract(epoch FROM k.t) * 1000))::bigint"""
+AVAILABILITY_DELAYS_MS = f"WITH {_DELAYS_CTES}{_DELAYS_SELECT}\nFROM clock k, pending p\n"
+
+# A notified worker's one statement: the claim of CLAIM_NEXT (committed on its
+# own, as ever) and the delays of AVAILABILITY_DELAYS_MS from the same clock
+# sample, so a notification for a due command is claimed in one round trip and
+# one for a future time is scheduled by the same statement. The delays read the
+# statement's snapshot, taken before the claim: they are used only when nothing
+# was claimed.
+CLAIM_NEXT_OR_DELAYS = f"""
+WITH {_CLAIM_NEXT_CTES},
+claimed AS ({_CLAIM_NEXT_UPDATE}),
+{_DELAYS_CTES}{_DELAYS_SELECT}, claimed.*
+FROM clock k CROSS JOIN pending p LEFT JOIN claimed ON TRUE
 """
 
 
@@ -685,21 +700,60 @@ def claim_next(
     """
     if not resident:
         return None
-    scopes, ids, versions = (list(column) for column in zip(*resident, strict=True))
     row = db.fetchone_prepared(
-        CLAIM_NEXT,
-        {
-            "max_attempts": max_attempts,
-            "scopes": scopes,
-            "ids": ids,
-            "versions": versions,
-            "kinds": list(kinds),
-            "lease": lease_seconds,
-            "node": node_id,
-        },
+        CLAIM_NEXT, _claim_next_params(node_id, lease_seconds, max_attempts, resident, kinds)
     )
-    if row is None:
-        return None
+    return None if row is None else _claimed(row)
+
+
+def claim_next_or_delays(
+    *,
+    node_id: str,
+    lease_seconds: float,
+    max_attempts: int,
+    resident: Sequence[tuple[str, str, int]],
+    kinds: Sequence[str],
+    hint_ms: int | None,
+) -> ClaimedCommand | AvailabilityDelays:
+    """:func:`claim_next`, or when it claims nothing :func:`availability_delays`: one statement.
+
+    A notified worker's first statement: a notification for a due command is
+    claimed in one round trip; one for a future time (or for a command another
+    worker took) answers the delays the worker schedules its wake-up with,
+    measured on the database clock as :func:`availability_delays` measures them.
+    Like :func:`claim_next`, it must run outside a transaction.
+    """
+    if not resident:
+        return availability_delays(hint_ms)
+    params = _claim_next_params(node_id, lease_seconds, max_attempts, resident, kinds)
+    row = db.fetchone_prepared(CLAIM_NEXT_OR_DELAYS, {**params, "hint": hint_ms})
+    assert row is not None  # the delays' one row, with or without a claim
+    delays, claimed = row[:3], row[3:]
+    if claimed[0] is not None:
+        return _claimed(claimed)
+    return _delays(delays)
+
+
+def _claim_next_params(
+    node_id: str,
+    lease_seconds: float,
+    max_attempts: int,
+    resident: Sequence[tuple[str, str, int]],
+    kinds: Sequence[str],
+) -> dict[str, Any]:
+    scopes, ids, versions = (list(column) for column in zip(*resident, strict=True))
+    return {
+        "max_attempts": max_attempts,
+        "scopes": scopes,
+        "ids": ids,
+        "versions": versions,
+        "kinds": list(kinds),
+        "lease": lease_seconds,
+        "node": node_id,
+    }
+
+
+def _claimed(row: Sequence[Any]) -> ClaimedCommand:
     cid, wf, seq, kind, token, attempts, pin = row
     return ClaimedCommand(cid, wf, seq, kind, token, attempts, pin[0], int(pin[1]), pin[2], pin[3])
 
@@ -1037,7 +1091,10 @@ def availability_delays(hint_ms: int | None = None) -> AvailabilityDelays:
     row = db.fetchone_prepared(AVAILABILITY_DELAYS_MS, {"hint": hint_ms})
     if row is None:
         return AvailabilityDelays(None, None, None)
+    return _delays(row)
 
+
+def _delays(row: Sequence[Any]) -> AvailabilityDelays:
     def ms(value: Any) -> int | None:
         return None if value is None else max(0, int(value))
 
