@@ -134,21 +134,34 @@ def prepared_cursor() -> Iterator[Any]:
     several statements a command; a fresh psycopg cursor each time costs more
     Python than the statement's own round trip on a local server).
     """
+    wrapper, cursor = _ready_cursor()
+    # Django's error wrapper: callers see django.db errors, as from any cursor
+    with wrapper.wrap_database_errors:
+        yield cursor
+
+
+def _ready_cursor() -> tuple[Any, _PreparingCursor]:
+    """(Django's connection wrapper, its reused preparing cursor), ready for a statement.
+
+    The hot path's per-statement work, kept to attribute reads: the deadline,
+    the connection (opened when Django has none yet), the cursor.
+    """
     check_deadline()
-    wrapper = connection()
+    wrapper = connections[_alias_override or workflow_settings.DATABASE]
     raw = wrapper.connection
     if raw is None or raw.closed:
         wrapper.ensure_connection()
         raw = wrapper.connection
+    cursor = getattr(raw, "_vertique_cursor", None)
     prepare = bool(workflow_settings.PREPARED_STATEMENTS)
-    # Django's error wrapper: callers see django.db errors, as from any cursor
-    with wrapper.wrap_database_errors:
-        cursor = getattr(raw, "_vertique_cursor", None)
-        if cursor is None or cursor.prepare != prepare or cursor.closed:
+    if cursor is None or cursor.prepare is not prepare or cursor.closed:
+        with wrapper.wrap_database_errors:
             cursor = _open_prepared_cursor(raw, prepare)
-        elif _wants_generic_plans(raw, prepare):
-            _keep_plans_generic(raw)
-        yield cursor
+    elif prepare and not raw._vertique_generic_plans:
+        with wrapper.wrap_database_errors:
+            if _wants_generic_plans(raw, prepare):
+                _keep_plans_generic(raw)
+    return wrapper, cursor
 
 
 def _open_prepared_cursor(raw: Any, prepare: bool) -> Any:
@@ -204,24 +217,30 @@ class _PreparingCursor(psycopg.Cursor):  # type: ignore[type-arg]
         return super().execute(query, params, **kwargs)
 
 
+_execute = psycopg.Cursor.execute  # the hot helpers pass ``prepare`` themselves
+
+
 def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     """``fetchone`` of a hot static statement, prepared once per connection."""
-    with prepared_cursor() as cur:
-        cur.execute(sql, params)
+    wrapper, cur = _ready_cursor()
+    with wrapper.wrap_database_errors:
+        _execute(cur, sql, params, prepare=cur.prepare)
         return cur.fetchone()
 
 
 def fetchall_prepared(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
     """``fetchall`` of a hot static statement, prepared once per connection."""
-    with prepared_cursor() as cur:
-        cur.execute(sql, params)
+    wrapper, cur = _ready_cursor()
+    with wrapper.wrap_database_errors:
+        _execute(cur, sql, params, prepare=cur.prepare)
         return cur.fetchall()
 
 
 def execute_prepared(sql: str, params: Any = ()) -> int:
     """``execute`` of a hot static statement, prepared once per connection; its rowcount."""
-    with prepared_cursor() as cur:
-        cur.execute(sql, params)
+    wrapper, cur = _ready_cursor()
+    with wrapper.wrap_database_errors:
+        _execute(cur, sql, params, prepare=cur.prepare)
         return cur.rowcount
 
 
