@@ -475,14 +475,29 @@ class Results:
         )
 
     def median(self, name: str, key: str = "value") -> float | None:
-        values = [v[key] for v in self.figures.get(name, []) if key in v]
+        values = self.values(name, key)
         return statistics.median(values) if values else None
+
+    def values(self, name: str, key: str = "value") -> list[float]:
+        return [v[key] for v in self.figures.get(name, []) if key in v]
 
 
 def ratio(ours: float | None, peer: float | None) -> str:
     if ours is None or peer is None or peer == 0:
         return "n/a"
     return f"{ours / peer:.2f}"
+
+
+def paired(ours: list[float], peers: list[float]) -> str:
+    """The ratio of each repetition, lowest to highest: the spread the median hides.
+
+    The figures of one repetition ran minutes apart on the same machine, so their
+    ratio cancels most of the machine's drift between repetitions.
+    """
+    if not ours or len(ours) != len(peers) or 0 in peers:
+        return "n/a"
+    ratios = sorted(a / b for a, b in zip(ours, peers, strict=True))
+    return f"{ratios[0]:.2f} to {ratios[-1]:.2f}"
 
 
 def fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
@@ -496,106 +511,109 @@ def report(results: Results, limit: float) -> None:
         row = results.figures[name]
         keys = sorted({k for v in row for k in v})
         print(f"{name}: " + ", ".join(f"{k}={fmt(m(name, k), digits=2)}" for k in keys))
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, str, str, str, str]] = []
 
-    def line(figure: str, ours: float | None, peer: float | None, unit: str, digits: int = 1):
-        rows.append((figure, fmt(ours, unit, digits), fmt(peer, unit, digits), ratio(ours, peer)))
+    def line(figure: str, ours: Any, peer: Any, unit: str, digits: int = 1) -> None:
+        """``ours`` and ``peer``: (scenario name, key) of the figures compared."""
+        a, b = m(*ours), m(*peer)
+        spread = paired(results.values(*ours), results.values(*peer))
+        rows.append((figure, fmt(a, unit, digits), fmt(b, unit, digits), ratio(a, b), spread))
 
     line(
         "3-action drain 1x4 / Procrastinate C=4",
-        m("ours 3-action 1x4", "rate"),
-        m("procrastinate C=4", "rate"),
+        ("ours 3-action 1x4", "rate"),
+        ("procrastinate C=4", "rate"),
         "/s",
         0,
     )
     line(
         "3-action drain 1x1 / Procrastinate C=1",
-        m("ours 3-action 1x1", "rate"),
-        m("procrastinate C=1", "rate"),
+        ("ours 3-action 1x1", "rate"),
+        ("procrastinate C=1", "rate"),
         "/s",
         0,
     )
     line(
         "3-action drain 2x4 / Procrastinate C=4",
-        m("ours 3-action 2x4", "rate"),
-        m("procrastinate C=4", "rate"),
+        ("ours 3-action 2x4", "rate"),
+        ("procrastinate C=4", "rate"),
         "/s",
         0,
     )
     line(
         "one-wait drain 1x4 / Procrastinate C=4",
-        m("ours one-wait 1x4", "rate"),
-        m("procrastinate C=4", "rate"),
+        ("ours one-wait 1x4", "rate"),
+        ("procrastinate C=4", "rate"),
         "/s",
         0,
     )
     line(
         "3-action drain 1x4 / DBOS 3-step (start_workflow)",
-        m("ours 3-action 1x4", "rate"),
-        m("dbos 3-step", "rate"),
+        ("ours 3-action 1x4", "rate"),
+        ("dbos 3-step", "rate"),
         "/s",
         0,
     )
     line(
         "PostgreSQL CPU per instance / per job",
-        m("ours 3-action 1x4", "pg_cpu_ms"),
-        m("procrastinate C=4", "pg_cpu_ms"),
+        ("ours 3-action 1x4", "pg_cpu_ms"),
+        ("procrastinate C=4", "pg_cpu_ms"),
         " ms",
         2,
     )
     line(
         "Python CPU per instance / per job",
-        m("ours 3-action 1x4", "py_cpu_ms"),
-        m("procrastinate C=4", "py_cpu_ms"),
+        ("ours 3-action 1x4", "py_cpu_ms"),
+        ("procrastinate C=4", "py_cpu_ms"),
         " ms",
         2,
     )
     line(
         "WAL bytes per instance / per job",
-        m("ours 3-action 1x4", "wal_bytes"),
-        m("procrastinate C=4", "wal_bytes"),
+        ("ours 3-action 1x4", "wal_bytes"),
+        ("procrastinate C=4", "wal_bytes"),
         " B",
         0,
     )
     line(
         "WAL records per instance / per job",
-        m("ours 3-action 1x4", "wal_records"),
-        m("procrastinate C=4", "wal_records"),
+        ("ours 3-action 1x4", "wal_records"),
+        ("procrastinate C=4", "wal_records"),
         "",
         1,
     )
     line(
         "commits per instance / per job",
-        m("ours 3-action 1x4", "commits"),
-        m("procrastinate C=4", "commits"),
+        ("ours 3-action 1x4", "commits"),
+        ("procrastinate C=4", "commits"),
         "",
         2,
     )
     line(
         "start() one per transaction / defer one at a time",
-        m("ours start each"),
-        m("procrastinate defer each"),
+        ("ours start each", "value"),
+        ("procrastinate defer each", "value"),
         "/s",
         0,
     )
     line(
         "commit returned -> first action p50 / defer returned -> job starts",
-        m("ours latency"),
-        m("procrastinate latency"),
+        ("ours latency", "value"),
+        ("procrastinate latency", "value"),
         " ms",
         2,
     )
     line(
         "commit returned -> first action p50 / DBOS start returned -> first step",
-        m("ours latency"),
-        m("dbos latency", "first_step_p50"),
+        ("ours latency", "value"),
+        ("dbos latency", "first_step_p50"),
         " ms",
         2,
     )
     print(f"\ncommit-rate limit of this server (4 clients, single-row INSERT): {limit:,.0f}/s\n")
-    print("| figure | ours | peer | ratio |\n|---|---|---|---|")
-    for figure, ours, peer, r in rows:
-        print(f"| {figure} | {ours} | {peer} | {r} |")
+    print("| figure | ours | peer | ratio | per repetition |\n|---|---|---|---|---|")
+    for figure, ours, peer, r, spread in rows:
+        print(f"| {figure} | {ours} | {peer} | {r} | {spread} |")
 
 
 def main() -> None:

@@ -1,0 +1,35 @@
+"""The peers benchmark's report: medians, their ratio and the ratio of each repetition.
+
+No database: the report is arithmetic over the figures a run collected.
+"""
+
+from __future__ import annotations
+
+from benchmarks.peers import Results, paired, report
+
+
+def test_paired_ratios_run_from_the_lowest_to_the_highest_repetition():
+    assert paired([600.0, 660.0, 640.0], [700.0, 600.0, 800.0]) == "0.80 to 1.10"
+
+
+def test_paired_ratios_need_one_peer_figure_per_repetition():
+    assert paired([600.0, 660.0], [700.0]) == "n/a"
+    assert paired([], []) == "n/a"
+    assert paired([1.0], [0.0]) == "n/a"
+
+
+def test_the_report_quotes_the_ratio_of_medians_and_the_spread_of_each_repetition(capsys):
+    results = Results()
+    for ours, peer in ((600.0, 700.0), (660.0, 600.0), (640.0, 800.0)):
+        results.add("ours 3-action 1x4", {"rate": ours})
+        results.add("procrastinate C=4", {"rate": peer})
+    results.add("ours latency", 1.5)  # no peer figure: n/a, not a made-up ratio
+    report(results, limit=7000.0)
+    table = capsys.readouterr().out
+    assert "| 3-action drain 1x4 / Procrastinate C=4 | 640/s | 700/s | 0.91 | 0.80 to 1.10 |" in (
+        table
+    )
+    assert "| commit returned -> first action p50 / defer returned -> job starts | 1.50 ms | " in (
+        table
+    )
+    assert "job starts | 1.50 ms | n/a | n/a | n/a |" in table
