@@ -102,5 +102,9 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'vertique_workflow' has no attribute {name!r}")
     module = _EXPORTS[name]
     if module is None:
-        return import_module(f".{name}", __name__)
-    return getattr(import_module(f".{module}", __name__), name)
+        value = import_module(f".{name}", __name__)
+    else:
+        value = getattr(import_module(f".{module}", __name__), name)
+    # resolved once: later lookups (``wf.start`` in a loop) are plain attribute reads
+    globals()[name] = value
+    return value
