@@ -108,13 +108,7 @@ def resident_pins() -> list[tuple[str, str, int]]:
 
 def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Outcome | None:
     """Claim and run the oldest runnable head in one claim statement; None: nothing claimed."""
-    claimed = commands.claim_next(
-        node_id=node_id,
-        lease_seconds=workflow_settings.LEASE_SECONDS,
-        max_attempts=workflow_settings.MAX_ATTEMPTS,
-        resident=resident_pins(),
-        kinds=SUPPORTED_KINDS,
-    )
+    claimed = commands.claim_next(**_claim_arguments(node_id))
     if claimed is None:
         return None
     return run_next_claimed(claimed, node_id, should_stop)
@@ -129,14 +123,18 @@ def claim_notified(
     claimable by the common path) schedule the worker as
     :func:`vertique_workflow.store.commands.availability_delays` would.
     """
-    return commands.claim_next_or_delays(
-        node_id=node_id,
-        lease_seconds=workflow_settings.LEASE_SECONDS,
-        max_attempts=workflow_settings.MAX_ATTEMPTS,
-        resident=resident_pins(),
-        kinds=SUPPORTED_KINDS,
-        hint_ms=hint_ms,
-    )
+    return commands.claim_next_or_delays(**_claim_arguments(node_id), hint_ms=hint_ms)
+
+
+def _claim_arguments(node_id: str) -> dict[str, Any]:
+    """What the common path's claim statement is given, in either of its forms."""
+    return {
+        "node_id": node_id,
+        "lease_seconds": workflow_settings.LEASE_SECONDS,
+        "max_attempts": workflow_settings.MAX_ATTEMPTS,
+        "resident": resident_pins(),
+        "kinds": SUPPORTED_KINDS,
+    }
 
 
 def run_next_claimed(

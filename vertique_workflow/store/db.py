@@ -147,7 +147,7 @@ def _ready_cursor() -> tuple[Any, _PreparingCursor]:
     the connection (opened when Django has none yet), the cursor.
     """
     check_deadline()
-    wrapper = connections[_alias_override or workflow_settings.DATABASE]
+    wrapper = connection()
     raw = wrapper.connection
     if raw is None or raw.closed:
         wrapper.ensure_connection()
@@ -157,10 +157,9 @@ def _ready_cursor() -> tuple[Any, _PreparingCursor]:
     if cursor is None or cursor.prepare is not prepare or cursor.closed:
         with wrapper.wrap_database_errors:
             cursor = _open_prepared_cursor(raw, prepare)
-    elif prepare and not raw._vertique_generic_plans:
+    elif _wants_generic_plans(raw, prepare):
         with wrapper.wrap_database_errors:
-            if _wants_generic_plans(raw, prepare):
-                _keep_plans_generic(raw)
+            _keep_plans_generic(raw)
     return wrapper, cursor
 
 
