@@ -234,14 +234,22 @@ class Ours:
                 wf.signal(instance_id, "go", None, dedup_key="go")
         connections.close_all()
 
-    def executors(self, processes: int, threads: int, *, until_idle: bool = True) -> list[Any]:
+    def executors(
+        self,
+        processes: int,
+        threads: int,
+        *,
+        until_idle: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> list[Any]:
         args = ["workflow_executor", "-v", "0", "--concurrency", str(threads), "--no-relay"]
         args += ["--until-idle"] if until_idle else []
+        environment = {**os.environ, "DATABASE_URL": self.url, "PYTHONPATH": str(ROOT)}
         return [
             subprocess.Popen(
                 [sys.executable, "-m", "django", *args],
                 cwd=ROOT,
-                env={**os.environ, "DATABASE_URL": self.url, "PYTHONPATH": str(ROOT)},
+                env={**environment, **(env or {})},
             )
             for _ in range(processes)
         ]
@@ -302,34 +310,25 @@ class Ours:
 
         import vertique_workflow as wf
 
-        procs = self.executors(1, 4, until_idle=False)
+        stamps = Path(f"/tmp/peers-stamps-{uuid.uuid4().hex}")
+        stamps.touch()
+        procs = self.executors(1, 4, until_idle=False, env={"VERTIQUE_PEERS_STAMPS": str(stamps)})
         try:
-            # one sample the executor runs before the clock runs: it is up and listening
+            # the stamp action appends "<i> <time>" to the file, as the Procrastinate
+            # peer's task does: both are timed by the same poll of that file
             batch = uuid.uuid4().hex
-            self._stamped(wf.start("bench-stamp", {}, idempotency_key=f"{batch}-warm").id)
             values = []
-            for i in range(samples):
-                ref = wf.start("bench-stamp", {}, idempotency_key=f"{batch}-{i}")
+            for i in range(-1, samples):  # -1: the warm-up the clock does not time
+                wf.start("bench-stamp", {"i": i}, idempotency_key=f"{batch}-{i}")
                 returned = time.time()
-                values.append((self._stamped(ref.id) - returned) * 1000)
+                started = wait_stamp(stamps, i)
+                if i >= 0:
+                    values.append((started - returned) * 1000)
             return statistics.median(values)
         finally:
             stop_all(procs)
             connections.close_all()
-
-    @staticmethod
-    def _stamped(instance_id: Any) -> float:
-        from vertique_workflow.models import WorkflowInstance
-
-        while True:
-            state = (
-                WorkflowInstance.objects.filter(pk=instance_id, status="COMPLETED")
-                .values_list("state_json", flat=True)
-                .first()
-            )
-            if state:
-                return float(state["ran_at"])
-            time.sleep(0.002)  # the figure comes from the stamp, not from this poll
+            stamps.unlink(missing_ok=True)
 
 
 # -- Procrastinate ---------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from vertique_workflow.definitions import (
@@ -16,6 +18,8 @@ from vertique_workflow.definitions import (
     wait,
 )
 from vertique_workflow.side_effects import service_handler
+
+STAMPS = os.environ.get("VERTIQUE_PEERS_STAMPS")
 
 
 class ThreeActions(Workflow[dict]):
@@ -111,14 +115,23 @@ class OneService(Workflow[dict]):
 
 
 class Stamp(Workflow[dict]):
-    """One action that stores when it ran (host clock): commit returned -> first action runs."""
+    """One action that stores when it ran (host clock): commit returned -> first action runs.
+
+    With ``VERTIQUE_PEERS_STAMPS`` set (the peers benchmark's latency run) it
+    also appends ``<state["i"]> <time>`` to that file, as the Procrastinate
+    peer's task does, so both systems are timed by the same file poll (a
+    database poll right after the commit would compete with the executor for
+    the machine's two cores while it is being timed).
+    """
 
     id, version, contract = "bench-stamp", 1, "bench.stamp"
 
     @action(start=True, next="done")
     def stamp(self, state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
-        import time
-
-        return {**state, "ran_at": time.time()}
+        ran_at = time.time()
+        if STAMPS:
+            with open(STAMPS, "a") as stamps:
+                stamps.write(f"{state.get('i')} {ran_at}\n")
+        return {**state, "ran_at": ran_at}
 
     done = end()
