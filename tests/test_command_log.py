@@ -259,6 +259,27 @@ def test_claim_next_without_resident_plans_claims_nothing():
     assert table_counts() == before
 
 
+def test_claim_next_claims_only_a_resident_pin_of_a_kind_it_runs():
+    ref = wf.start("order", {"amount": 5}, idempotency_key="k-pins")
+    before = table_counts()
+
+    def claim(resident, kinds=("START",)):
+        return commands.claim_next(
+            node_id="n", lease_seconds=30, max_attempts=MAX, resident=resident, kinds=kinds
+        )
+
+    # another version, another scope, another id, another kind: nothing claimed or written
+    assert claim([("default", "order", 2)]) is None
+    assert claim([("tenant", "order", 1)]) is None
+    assert claim([("default", "billing", 1), ("default", 'quo"ted \u00e9', 1)]) is None
+    assert claim([("default", "order", 1)], kinds=("SIGNAL", "TIMER")) is None
+    assert table_counts() == before
+    claimed = claim([("default", "billing", 1), ("default", "order", 1)], kinds=("SIGNAL", "START"))
+    assert claimed is not None
+    assert (claimed.workflow_id, claimed.kind) == (ref.id, "START")
+    assert (claimed.definition_id, claimed.definition_version) == ("order", 1)
+
+
 # --------------------------------------------------------------------------
 # a dead-lettered signal releases its slot
 # --------------------------------------------------------------------------
