@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
+import zoneinfo
+
 import psycopg
 import pytest
 from django.db import connection
@@ -73,3 +76,55 @@ def test_without_prepared_statements_the_session_keeps_its_plan_cache_mode():
     connection.close()
     drain(1, "f")
     assert plan_cache_mode() == "auto"
+
+
+# -- timestamps: psycopg's C loader where it loads what Django's loads --------------------
+
+TIMESTAMPS = (
+    "2026-12-03 13:45:12.123456+00",
+    "1999-12-31 23:59:59.5-05:30",
+    "0001-01-01 00:00:00+00",
+    "9999-12-31 23:59:59.999999+00",
+)
+READ_TIMESTAMPS = "SELECT " + ", ".join(f"%s::timestamptz AS t{i}" for i in range(5))
+
+
+def test_the_prepared_helpers_read_timestamps_as_djangos_cursor_does():
+    from vertique_workflow.store import db
+
+    values = [*TIMESTAMPS, None]
+    fast = db.fetchone_prepared(READ_TIMESTAMPS, values)
+    with connection.cursor() as cursor:
+        cursor.execute(READ_TIMESTAMPS, values)
+        django_row = cursor.fetchone()
+    assert fast == django_row
+    assert fast[-1] is None
+    assert all(value.tzinfo is datetime.UTC for value in fast[:-1])
+    # and the reused cursor loads them with psycopg's own loader, not Django's Python one
+    raw = connection.connection
+    text = psycopg.pq.Format.TEXT
+    assert raw._vertique_cursor.adapters.get_loader(db.TIMESTAMPTZ_OID, text) is (
+        psycopg.adapters.get_loader(db.TIMESTAMPTZ_OID, text)
+    )
+    assert raw.adapters.get_loader(db.TIMESTAMPTZ_OID, text) is not (
+        psycopg.adapters.get_loader(db.TIMESTAMPTZ_OID, text)
+    )  # Django's connection keeps its own
+
+
+@pytest.mark.parametrize("case", ["django timezone", "session timezone"])
+def test_a_timezone_other_than_utc_keeps_djangos_loader(case):
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+    from vertique_workflow.store import db
+
+    text = psycopg.pq.Format.TEXT
+    with psycopg.connect(**db.connect_kwargs(connection.settings_dict)) as raw:
+        register_tzloader(
+            zoneinfo.ZoneInfo("Europe/Paris") if case == "django timezone" else datetime.UTC, raw
+        )
+        if case == "session timezone":
+            raw.execute("SET TIME ZONE 'Europe/Paris'")
+        django_loader = raw.adapters.get_loader(db.TIMESTAMPTZ_OID, text)
+        cursor = raw.cursor()
+        db._load_timestamps_in_c(cursor, raw)
+        assert cursor.adapters.get_loader(db.TIMESTAMPTZ_OID, text) is django_loader

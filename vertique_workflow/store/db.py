@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import time
@@ -175,8 +176,35 @@ def _open_prepared_cursor(raw: Any, prepare: bool) -> Any:
         _keep_plans_generic(raw)
     cursor = _PreparingCursor(raw)
     cursor.prepare = prepare
+    _load_timestamps_in_c(cursor, raw)
     raw._vertique_cursor = cursor
     return cursor
+
+
+TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
+
+
+def _load_timestamps_in_c(cursor: Any, raw: Any) -> None:
+    """psycopg's own ``timestamptz`` loader on the reused cursor, where it loads what Django's does.
+
+    Django's loader (a subclass of psycopg's pure-Python one) parses every value
+    in Python and then replaces its tzinfo with the connection's timezone: about
+    6 µs a column, 23 µs of the segment's fence-and-load with its four instance
+    timestamps. psycopg's default loader (C, with psycopg's binary package) gives
+    the same datetime with the same tzinfo object, ``datetime.UTC``,
+    when that timezone is UTC and so is the session's ``TimeZone`` (Django's
+    ``USE_TZ`` with no database ``TIME_ZONE`` sets both). Any other setting
+    keeps Django's loader on this cursor too.
+    """
+    text = psycopg.pq.Format.TEXT
+    django_loader = raw.adapters.get_loader(TIMESTAMPTZ_OID, text)
+    if getattr(django_loader, "timezone", None) is not datetime.UTC:
+        return
+    if raw.info.parameter_status("TimeZone") != "UTC":
+        return
+    cursor.adapters.register_loader(
+        TIMESTAMPTZ_OID, psycopg.adapters.get_loader(TIMESTAMPTZ_OID, text)
+    )
 
 
 def _wants_generic_plans(raw: Any, prepare: bool) -> bool:
