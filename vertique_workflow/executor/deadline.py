@@ -65,13 +65,28 @@ class _Watchdog(threading.Thread):
         self._active: dict[int, int] = {}  # ticket -> backend pid
         self._tickets = itertools.count(1)
         self.terminated = 0
+        self.wakeups = 0  # times the thread woke (a notification or its own timeout)
+        # when the sleeping thread wakes by itself: None, only when notified
+        self._sleeping_until: float | None = None
 
     def register(self, expires: float, backend_pid: int) -> int:
+        """Watch a segment's backend until ``expires``; the ticket unregisters it.
+
+        The thread is notified only when it would otherwise wake too late for
+        this deadline. Every segment of a process has the same
+        ``SEGMENT_DEADLINE_MS``, so a sleeping thread already wakes before
+        each new deadline: notified per segment, it cost every segment a
+        thread wake-up and a hand-off of the GIL. Finished segments at the top
+        of the heap are dropped here, so it holds about the running ones.
+        """
         with self.lock:
+            while self._heap and self._heap[0][1] not in self._active:
+                heapq.heappop(self._heap)  # finished in time
             ticket = next(self._tickets)
             self._active[ticket] = backend_pid
             heapq.heappush(self._heap, (expires, ticket, backend_pid))
-            self._wake.notify()
+            if self._sleeping_until is None or expires < self._sleeping_until:
+                self._wake.notify()
             return ticket
 
     def unregister(self, ticket: int) -> None:
@@ -84,12 +99,17 @@ class _Watchdog(threading.Thread):
                 while self._heap and self._heap[0][1] not in self._active:
                     heapq.heappop(self._heap)  # finished in time
                 if not self._heap:
+                    self._sleeping_until = None
                     self._wake.wait()
+                    self.wakeups += 1
                     continue
                 expires, ticket, pid = self._heap[0]
                 delay = expires - time.monotonic()
                 if delay > 0:
+                    self._sleeping_until = expires
                     self._wake.wait(delay)
+                    self._sleeping_until = None
+                    self.wakeups += 1
                     continue
                 heapq.heappop(self._heap)
                 self._active.pop(ticket, None)
