@@ -138,15 +138,15 @@ def _top_level_patch(before: Any, after: Any) -> list[dict[str, Any]] | None:
     pair, and a replaced value is a scalar, so there is nothing to descend
     into. Values are compared as make_patch compares them, as JSON text
     (``1``, ``1.0`` and ``true`` differ, and so do ``0.0`` and ``-0.0``,
-    which ``==`` would not tell). A
-    removed key, or a list or object value that changed, leaves the patch to
-    jsonpatch. The states are the drive's JSON copies, never changed
-    afterwards, so the added values are not copied again.
+    which ``==`` would not tell). A removed key, or a list or object value
+    that changed, leaves the patch to jsonpatch. The states are the drive's
+    JSON copies, never changed afterwards, so the added values are not
+    copied again.
     """
     if type(before) is not dict or type(after) is not dict:
         return None
     replaced: list[dict[str, Any]] = []
-    kept: list[Any] = []  # the list and object values that == takes for unchanged
+    kept: list[str] = []  # keys of list and object values that == takes for unchanged
     for key, old in before.items():
         if key not in after:
             return None
