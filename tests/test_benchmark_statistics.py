@@ -1,0 +1,42 @@
+"""The benchmarks' ANALYZE leaves an emptied table unanalyzed, as autovacuum would.
+
+An emptied history analyzed as empty (``reltuples`` 0) gives the persist's
+generic plan a sequential scan that the drain then runs on a growing table
+(docs/performance.md, "Statistics of an emptied table"); left unanalyzed
+(``reltuples`` -1 after ``TRUNCATE``) it is planned with its index.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+
+import vertique_workflow as wf
+from benchmarks.executor_benchmark import analyze
+from tests.conftest import database_url
+from vertique_workflow import tables
+
+
+def _reltuples(table: str) -> float:
+    with connection.cursor() as cur:
+        cur.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [table])
+        return float(cur.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_analyze_refreshes_the_tables_with_rows_and_leaves_the_emptied_history_alone(
+    settings: Any,
+) -> None:
+    history = tables.qualified(tables.HISTORY)
+    instances = tables.qualified(tables.INSTANCES)
+    wf.start("order", {"amount": 1}, idempotency_key="stats")
+    with connection.cursor() as cur:
+        cur.execute(f"TRUNCATE {history}")  # emptied, as the benchmarks' reset empties it
+    assert _reltuples(history) == -1  # what TRUNCATE leaves: never analyzed
+
+    analyze(database_url(settings.DATABASES["default"]["NAME"]))
+
+    assert _reltuples(history) == -1
+    assert _reltuples(instances) >= 1
