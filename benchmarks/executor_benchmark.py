@@ -21,12 +21,18 @@ commits (fsync and synchronous_commit on); without it the throwaway server runs
 with fsync off, commits cost CPU only and the commit-rate limit is far higher.
 The settings in force are printed with the figures. Statistics are refreshed
 (ANALYZE) after the instances are recorded, as autovacuum would.
+
+``--repetitions N`` runs every cell N times, in order and then reversed, and
+prints each cell's median and range: a shared machine's speed drifts over
+minutes, and one pass in a fixed order favours the cells that run first (the
+one-process cells, here). ``--kinds three`` leaves out the signal workflow.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -324,54 +330,116 @@ def bench_database(*, statements: bool = True) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One drain: a workflow kind under ``processes`` executors of ``threads`` threads each."""
+
+    kind: str
+    processes: int
+    threads: int
+
+    @property
+    def label(self) -> str:
+        name = "3-action" if self.kind == "three" else "signal  "
+        return f"{name} {self.processes}p x {self.threads}t"
+
+
+def run_order(cells: list[Cell], repetition: int) -> list[Cell]:
+    """The cells of one repetition: in order, then reversed, and so on.
+
+    A shared machine's speed drifts over minutes; alternating the order puts
+    each cell early in one repetition and late in the next, so a drift does
+    not favour the cells that always run first.
+    """
+    return list(cells) if repetition % 2 == 0 else list(reversed(cells))
+
+
+def spread(values: list[float]) -> str:
+    """``median (lowest to highest)`` of one cell's rates over the repetitions."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return f"{ordered[0]:.0f}/s"
+    return f"{statistics.median(ordered):.0f}/s ({ordered[0]:.0f} to {ordered[-1]:.0f})"
+
+
+def measure(url: str, counters: Counters, cell: Cell, instances: int) -> dict[str, float]:
+    """Record ``instances`` instances of the cell's kind, drain them, and return its figures."""
+    reset_instances()
+    record(cell.kind, instances)
+    analyze(url)
+    calls0, commits0 = counters.read()
+    wall, rss = run_executors(url, cell.processes, cell.threads)
+    span = active_span(url)
+    if cell.kind == "signal":
+        # the recording of the signals is not the executor's work
+        calls_mid, commits_mid = counters.read()
+        record_signals()
+        analyze(url)
+        calls_resume, commits_resume = counters.read()
+        calls0 += calls_resume - calls_mid
+        commits0 += commits_resume - commits_mid
+        more, rss2 = run_executors(url, cell.processes, cell.threads)
+        wall += more
+        rss = max(rss, rss2)
+    calls1, commits1 = counters.read()
+    seconds = span if cell.kind == "three" else signal_span(url)
+    return {
+        "rate": instances / seconds,
+        "wall_rate": instances / wall,
+        "rss": rss,
+        "statements": (calls1 - calls0) / instances,
+        "commits": (commits1 - commits0) / instances,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--instances", type=int, default=2000)
     parser.add_argument("--latency-samples", type=int, default=200)
     parser.add_argument("--threads", default="1,4,8")
     parser.add_argument("--processes", default="1,2")
+    parser.add_argument("--kinds", default="three,signal", help="three, signal or both")
+    parser.add_argument(
+        "--repetitions",
+        type=int,
+        default=1,
+        help="run every cell this many times, alternating the order; print medians",
+    )
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput table")
     args = parser.parse_args()
+    kinds = [kind for kind in args.kinds.split(",") if kind]
+    if not set(kinds) <= {"three", "signal"} or args.repetitions < 1:
+        parser.error("--kinds takes three and/or signal; --repetitions at least 1")
+    cells = [
+        Cell(kind, processes, threads)
+        for kind in ([] if args.latency_only else kinds)
+        for processes in map(int, args.processes.split(","))
+        for threads in map(int, args.threads.split(","))
+    ]
 
     with bench_database(statements=True) as url:
         limit = commit_rate(url)
         print(f"commit-rate limit (4 clients, single-row INSERT): {limit:,.0f} commits/s")
         counters = Counters(url)
-        results = []
-        for kind in () if args.latency_only else ("three", "signal"):
-            for processes in map(int, args.processes.split(",")):
-                for threads in map(int, args.threads.split(",")):
-                    reset_instances()
-                    record(kind, args.instances)
-                    analyze(url)
-                    calls0, commits0 = counters.read()
-                    wall, rss = run_executors(url, processes, threads)
-                    span = active_span(url)
-                    if kind == "signal":
-                        # the recording of the signals is not the executor's work
-                        calls_mid, commits_mid = counters.read()
-                        record_signals()
-                        analyze(url)
-                        calls_resume, commits_resume = counters.read()
-                        calls0 += calls_resume - calls_mid
-                        commits0 += commits_resume - commits_mid
-                        more, rss2 = run_executors(url, processes, threads)
-                        wall += more
-                        rss = max(rss, rss2)
-                    calls1, commits1 = counters.read()
-                    seconds = span if kind == "three" else signal_span(url)
-                    rate = args.instances / seconds
-                    statements = (calls1 - calls0) / args.instances
-                    commits = (commits1 - commits0) / args.instances
-                    results.append((kind, processes, threads, rate, rss, statements, commits))
-                    print(
-                        f"{'3-action' if kind == 'three' else 'signal  '} "
-                        f"{processes}p x {threads}t: {rate:7.0f} instances/s "
-                        f"(wall incl. process start {args.instances / wall:5.0f}/s) "
-                        f"(ratio to commit limit {rate / limit:.3f}); peak RSS "
-                        f"{rss / 1024:.0f} MB; executor statements/instance "
-                        f"{statements:.1f}, commits/instance {commits:.2f}"
-                    )
+        rates: dict[Cell, list[float]] = {cell: [] for cell in cells}
+        for repetition in range(args.repetitions):
+            if args.repetitions > 1:
+                print(f"-- repetition {repetition + 1} of {args.repetitions}", flush=True)
+            for cell in run_order(cells, repetition):
+                figures = measure(url, counters, cell, args.instances)
+                rates[cell].append(figures["rate"])
+                print(
+                    f"{cell.label}: {figures['rate']:7.0f} instances/s "
+                    f"(wall incl. process start {figures['wall_rate']:5.0f}/s) "
+                    f"(ratio to commit limit {figures['rate'] / limit:.3f}); peak RSS "
+                    f"{figures['rss'] / 1024:.0f} MB; executor statements/instance "
+                    f"{figures['statements']:.1f}, commits/instance {figures['commits']:.2f}",
+                    flush=True,
+                )
+        if args.repetitions > 1:
+            print(f"-- medians of {args.repetitions} repetitions (lowest to highest)")
+            for cell in cells:
+                print(f"{cell.label}: {spread(rates[cell])}")
         reset_instances()
         values = sorted(latency(url, args.latency_samples))
         p50 = statistics.median(values)
@@ -380,7 +448,14 @@ def main() -> None:
             f"signal committed → applied (idle executor, {len(values)} samples): "
             f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"
         )
-        best = max((r[3] for r in results if r[0] == "three" and r[1] == 1), default=0.0)
+        best = max(
+            (
+                statistics.median(values)
+                for cell, values in rates.items()
+                if cell.kind == "three" and cell.processes == 1 and values
+            ),
+            default=0.0,
+        )
         print(
             f"best 3-action single-process throughput: {best:.0f}/s = "
             f"{best / limit:.3f} x commit limit (target 0.05)"

@@ -1,6 +1,7 @@
-"""The benchmarks' ANALYZE leaves an emptied table unanalyzed, as autovacuum would.
+"""The executor benchmark's own rules: its ANALYZE and the order and summary of its cells.
 
-An emptied history analyzed as empty (``reltuples`` 0) gives the persist's
+The benchmarks' ANALYZE leaves an emptied table unanalyzed, as autovacuum
+would: an emptied history analyzed as empty (``reltuples`` 0) gives the persist's
 generic plan a sequential scan that the drain then runs on a growing table
 (docs/performance.md, "Statistics of an emptied table"); left unanalyzed
 (``reltuples`` -1 after ``TRUNCATE``) it is planned with its index.
@@ -14,7 +15,7 @@ import pytest
 from django.db import connection
 
 import vertique_workflow as wf
-from benchmarks.executor_benchmark import analyze
+from benchmarks.executor_benchmark import Cell, analyze, run_order, spread
 from tests.conftest import database_url
 from vertique_workflow import tables
 
@@ -40,3 +41,17 @@ def test_analyze_refreshes_the_tables_with_rows_and_leaves_the_emptied_history_a
 
     assert _reltuples(history) == -1
     assert _reltuples(instances) >= 1
+
+
+def test_repetitions_alternate_the_order_of_the_cells() -> None:
+    cells = [Cell("three", 1, 4), Cell("three", 2, 2), Cell("signal", 1, 4)]
+    assert run_order(cells, 0) == cells
+    assert run_order(cells, 1) == cells[::-1]
+    assert run_order(cells, 2) == cells
+    assert cells[0].label == "3-action 1p x 4t"
+    assert cells[2].label == "signal   1p x 4t"
+
+
+def test_a_cell_is_summarized_by_its_median_and_range() -> None:
+    assert spread([627.0, 900.4, 572.0]) == "627/s (572 to 900)"
+    assert spread([655.0]) == "655/s"
