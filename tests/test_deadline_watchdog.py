@@ -15,6 +15,7 @@ import pytest
 from django.db import connection
 
 from tests.conftest import connect
+from vertique_workflow.executor import deadline
 from vertique_workflow.executor.deadline import _Watchdog
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,3 +84,25 @@ def test_every_overdue_session_is_ended_though_only_the_first_deadline_woke_the_
 
         wait_for(both_ended, "both sessions ended")
     assert thread.terminated == 2
+
+
+def test_a_session_ended_after_its_segment_rolled_back_is_not_used_again(monkeypatch):
+    """The race of a segment that met its deadline in Python while the watchdog woke.
+
+    The segment's transaction has ended (its statement was refused at the
+    deadline and it rolled back), but the watchdog took the ticket first and
+    ends the session before the worker unregisters. The worker's next
+    statement (the transient settlement) must run on a new session, not on
+    the ended one ("terminating connection due to administrator command").
+    """
+    monkeypatch.setattr(deadline, "server_has_transaction_timeout", lambda: False)
+    thread = deadline._get_watchdog()  # the process's watchdog, as the executor's segments use it
+    ended = thread.terminated
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        first_pid = cursor.fetchone()[0]
+    with deadline.bounded(200):  # no statement inside: the transaction ended in time
+        wait_for(lambda: thread.terminated > ended, "the watchdog ending the session")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] != first_pid

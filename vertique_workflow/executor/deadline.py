@@ -19,8 +19,10 @@ it. Three pieces bound it, whatever the workflow code does:
 
 The watchdog takes its lock while it decides to terminate and while a
 worker unregisters a finished segment, so it never ends a session that has
-moved on to other work (at most an idle one in between, whose next
-statement then reconnects).
+moved on to other work. It can end one whose segment has just rolled back
+(the deadline refused a statement in Python while the thread woke); the
+unregistering worker learns it from :meth:`_Watchdog.unregister` and closes
+the connection, so its next statement runs on a new session.
 """
 
 from __future__ import annotations
@@ -89,9 +91,15 @@ class _Watchdog(threading.Thread):
                 self._wake.notify()
             return ticket
 
-    def unregister(self, ticket: int) -> None:
+    def unregister(self, ticket: int) -> bool:
+        """Stop watching a segment; False when the watchdog took it first.
+
+        False means the thread has ended that session: it terminates under
+        the lock this waits for, so by the time False returns the session
+        is gone, though its client may not know yet.
+        """
         with self.lock:
-            self._active.pop(ticket, None)
+            return self._active.pop(ticket, None) is not None
 
     def run(self) -> None:
         with self.lock:
@@ -180,8 +188,12 @@ def bounded(deadline_ms: int) -> Iterator[Deadline]:
             yield deadline
     finally:
         db.set_deadline(None)
-        if watchdog is not None:
-            watchdog.unregister(ticket)
+        if watchdog is not None and not watchdog.unregister(ticket):
+            # Ended by the watchdog, possibly after the transaction had already
+            # rolled back (the deadline refused a statement here while the
+            # thread woke): the client has not read the termination yet, so the
+            # next statement (the settlement) would fail on it. Reconnect.
+            wrapper.close()
 
 
 __all__ = ["Deadline", "SegmentDeadlineExceeded", "bounded", "server_has_transaction_timeout"]
