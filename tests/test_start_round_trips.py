@@ -12,18 +12,19 @@ from .wire import client_waits
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_start_outside_a_transaction_waits_on_the_server_six_times():
-    """BEGIN, key + selection read, admission lock, pin rows, record, COMMIT.
+def test_a_start_outside_a_transaction_waits_on_the_server_three_times():
+    """The key + selection read; BEGIN, admission lock, pin rows, record as one pipeline; COMMIT.
 
     The reference's admission is two statements (the shared lock, then the
-    rows under it); the key and the selection read share one.
+    rows under it), sent with the record in one pipeline
+    (``store.pipelined_start``); the key and the selection read share one.
     """
     wf.start("order", {"amount": 0}, idempotency_key="warm")  # prepares the statements
     started = []
     waits = client_waits(
         lambda: started.append(wf.start("order", {"amount": 1}, idempotency_key="traced"))
     )
-    assert waits == ['Query "BEGIN"', "Sync", "Sync", "Sync", "Sync", 'Query "COMMIT"'], waits
+    assert waits == ["Sync", "Sync", 'Query "COMMIT"'], waits
     (ref,) = started
     assert ref.created and wf.get(ref.id).status == "PENDING"
 
@@ -32,8 +33,8 @@ def test_a_replayed_start_reads_once_and_writes_nothing():
     first = wf.start("order", {"amount": 2}, idempotency_key="same")
     wf.start("order", {"amount": 2}, idempotency_key="same")  # prepares the replay's read
     waits = client_waits(lambda: wf.start("order", {"amount": 2}, idempotency_key="same"))
-    # BEGIN, the key + selection read, the instance read of the replay, COMMIT
-    assert waits == ['Query "BEGIN"', "Sync", "Sync", 'Query "COMMIT"'], waits
+    # the key + selection read and the instance read of the replay, each in autocommit
+    assert waits == ["Sync", "Sync"], waits
     again = wf.start("order", {"amount": 2}, idempotency_key="same")
     assert (again.id, again.created) == (first.id, False)
 

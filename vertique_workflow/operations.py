@@ -24,7 +24,7 @@ from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
 from .pins import resolve_start_pin, signal_schema_source
 from .store import branches as branches_store
-from .store import commands, db, dedup, history, instances
+from .store import commands, db, dedup, history, instances, pipelined_start
 from .store import definitions as registry
 from .store import retention as retention_store
 from .store import tasks as tasks_store
@@ -174,11 +174,22 @@ def start(
     fingerprint = _fingerprint(payload=payload, business_key=business_key, version=version)
     arguments = (definition_id, payload, idempotency_key, business_key, scope, version)
     if db.connection().in_atomic_block:
-        return _record_start(*arguments, actor, subject, _parent, fingerprint, caller_owned=True)
-    # Called outside a transaction: one transaction of our own for the reads and
-    # the writes (one commit, not one per read).
+        return _record_start(*arguments, actor, subject, _parent, fingerprint, mode=_CALLER)
+    # Called outside a transaction: the writes in one transaction of our own,
+    # pipelined (store.pipelined_start: three waits on the server) where the
+    # connection allows, else Django's atomic around the reads and the writes.
+    if pipelined_start.available():
+        try:
+            return _record_start(*arguments, actor, subject, _parent, fingerprint, mode=_PIPELINED)
+        except pipelined_start.StricterIsolation:
+            pass  # the session's transactions are not READ COMMITTED: the reference's FOR SHARE
     with _atomic():
-        return _record_start(*arguments, actor, subject, _parent, fingerprint, caller_owned=False)
+        return _record_start(*arguments, actor, subject, _parent, fingerprint, mode=_OWN)
+
+
+# How ``_record_start`` writes: in the caller's transaction (a savepoint), in
+# Django's atomic that ``start`` opened, or pipelined in a transaction of its own.
+_CALLER, _OWN, _PIPELINED = "caller", "own", "pipelined"
 
 
 def _record_start(
@@ -193,9 +204,9 @@ def _record_start(
     parent: dict[str, Any] | None,
     fingerprint: str,
     *,
-    caller_owned: bool,
+    mode: str,
 ) -> InstanceRef:
-    """The reads and writes of ``start``, in the transaction the caller or ``start`` opened.
+    """The reads and writes of ``start``, in the transaction ``mode`` says.
 
     In a caller's transaction the writes are a savepoint, so a refusal or a
     lost race leaves that transaction usable and nothing written; in a
@@ -210,28 +221,34 @@ def _record_start(
     instance_id = uuid.uuid4()
     # captured once: the instance's metadata and the START command hold the same document
     captured = context.capture()
-    writes = _atomic() if caller_owned else contextlib.nullcontext()
+    record = instances.record_start_params(
+        instance_id,
+        scope_key=scope,
+        definition_id=definition_id,
+        idempotency_key=idempotency_key,
+        fingerprint=fingerprint,
+        definition_version=pin.version,
+        plan_hash=pin.plan_hash,
+        definition_scope_key=pin.scope,
+        business_key=business_key,
+        subject=subject,
+        metadata={**(captured or {}), **({"parent": parent} if parent else {})},
+        payload=payload or {},
+        context=captured,
+        actor=context.stored_actor(actor),
+    )
+    writes = _atomic() if mode == _CALLER else contextlib.nullcontext()
     try:
-        with writes:
-            pin.admit()
-            # one statement, the key first: a concurrent start with the same key
-            # then resolves as a replay, not as a business-key conflict
-            claimed = instances.record_start(
-                instance_id,
-                scope_key=scope,
-                definition_id=definition_id,
-                idempotency_key=idempotency_key,
-                fingerprint=fingerprint,
-                definition_version=pin.version,
-                plan_hash=pin.plan_hash,
-                definition_scope_key=pin.scope,
-                business_key=business_key,
-                subject=subject,
-                metadata={**(captured or {}), **({"parent": parent} if parent else {})},
-                payload=payload or {},
-                context=captured,
-                actor=context.stored_actor(actor),
+        if mode == _PIPELINED:
+            claimed = pipelined_start.admit_and_record(
+                pin.scope, definition_id, pin.version, pin.plan_hash, record
             )
+        else:
+            with writes:
+                pin.admit()
+                # one statement, the key first: a concurrent start with the same key
+                # then resolves as a replay, not as a business-key conflict
+                claimed = instances.record_prepared_start(record)
     except DatabaseError as exc:
         if db.sqlstate(exc) == "23505":
             raise WorkflowConflict(
@@ -239,7 +256,7 @@ def _record_start(
                 f"in scope {scope!r}"
             ) from None
         if registry.is_lock_timeout(exc):
-            if caller_owned:
+            if mode == _CALLER:
                 # the reference: the data-access error, the caller's transaction lost
                 transaction.set_rollback(True, using=db.alias())
                 raise

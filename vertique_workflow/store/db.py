@@ -247,6 +247,28 @@ class _PreparingCursor(psycopg.Cursor):  # type: ignore[type-arg]
 _execute = psycopg.Cursor.execute  # the hot helpers pass ``prepare`` themselves
 
 
+def pipeline_cursors(count: int) -> tuple[Any, Any, list[Any]]:
+    """(Django's wrapper, its psycopg connection, ``count`` reused preparing cursors).
+
+    For statements sent together in one psycopg pipeline, where each needs a
+    cursor of its own to hold its result. The first is the connection's
+    reused cursor (:func:`prepared_cursor`'s); the others are made once per
+    connection, like it.
+    """
+    wrapper, first = _ready_cursor()
+    raw = wrapper.connection
+    extra: list[Any] = getattr(raw, "_vertique_pipeline_cursors", [])
+    if len(extra) < count - 1 or any(c.closed or c.prepare is not first.prepare for c in extra):
+        extra = []
+        for _ in range(count - 1):
+            cursor = _PreparingCursor(raw)
+            cursor.prepare = first.prepare
+            _load_timestamps_in_c(cursor, raw)
+            extra.append(cursor)
+        raw._vertique_pipeline_cursors = extra
+    return wrapper, raw, [first, *extra[: count - 1]]
+
+
 def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     """``fetchone`` of a hot static statement, prepared once per connection."""
     wrapper, cur = _ready_cursor()

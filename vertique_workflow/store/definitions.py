@@ -65,8 +65,11 @@ __all__ = [
     "RuleRow",
     "SelectionResult",
     "UpsertOutcome",
+    "admission_error",
+    "admission_lock_timeout",
     "admit_pin",
     "bound_names",
+    "check_admission",
     "declared_signal_names",
     "fill_signal_schemas",
     "find_definition",
@@ -992,16 +995,50 @@ def admit_pin(
             cursor.execute(PIN_ROWS if read_committed else PIN_ROWS_FOR_SHARE, [definition_id])
             rows = cursor.fetchall()
     except DatabaseError as exc:
-        if db.sqlstate(exc) == "55P03":
-            # the caller owns the transaction: the data-access error as is
+        error = admission_error(exc, definition_id)
+        if error is exc:
             raise
-        mapped = _translated(exc, definition_id)
-        if mapped is None:
-            raise
-        raise mapped from exc
+        raise error from exc
+    check_admission(
+        rows, isolation, scope_key, definition_id, version, plan_hash, resurrection=resurrection
+    )
+
+
+def admission_error(exc: DatabaseError, definition_id: str) -> Exception:
+    """What a failed admission statement raises: ``exc`` itself or the package error.
+
+    A lock wait over the timeout (55P03) stays the data-access error of the
+    caller's transaction; other errors are mapped as :func:`_translated` says.
+    """
+    if db.sqlstate(exc) == "55P03":
+        return exc
+    return _translated(exc, definition_id) or exc
+
+
+def admission_lock_timeout() -> str:
+    """The ``lock_timeout`` every admission sets for its transaction (``'30000ms'``)."""
+    return _lock_timeout()
+
+
+def check_admission(
+    rows: Sequence[Sequence[Any]],
+    isolation: str,
+    scope_key: str,
+    definition_id: str,
+    version: int,
+    plan_hash: str,
+    *,
+    resurrection: bool = False,
+) -> None:
+    """The admission rule over the id's rows read under the shared lock (``PIN_ROWS``).
+
+    The one rule of :func:`admit_pin` and of a start's pipelined admission
+    (:mod:`.pipelined_start`): returns when the pin is admitted, raises
+    :class:`DefinitionUnavailable` otherwise.
+    """
     key = _key(scope_key, definition_id, version)
     if not rows:
-        if read_committed:
+        if isolation == "read committed":
             return
         raise _invalid_transition(
             definition_id,

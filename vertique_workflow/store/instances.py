@@ -140,7 +140,17 @@ class InstanceRow:
         return self.status in ENDED
 
 
-def record_start(
+def record_prepared_start(params: dict[str, Any]) -> bool:
+    """Claim the start key and write the instance and its START command; False: a replay.
+
+    ``params`` are :func:`record_start_params`'. The caller holds the pin's
+    admission (the shared id lock). A business key already used raises the
+    unique violation (23505) and writes nothing.
+    """
+    return db.fetchone_prepared(RECORD_START, params) is not None
+
+
+def record_start_params(
     instance_id: Any,
     *,
     scope_key: str,
@@ -156,37 +166,29 @@ def record_start(
     payload: Any,
     context: Any,
     actor: Any,
-) -> bool:
-    """Claim the start key and write the instance and its START command; False: a replay.
-
-    The caller holds the pin's admission (the shared id lock). A business key
-    already used raises the unique violation (23505) and writes nothing.
-    """
-    row = db.fetchone_prepared(
-        RECORD_START,
-        {
-            "wf": instance_id,
-            "scope": scope_key,
-            "definition": definition_id,
-            "key": idempotency_key,
-            "fingerprint": fingerprint,
-            "result": json.dumps({"instanceId": str(instance_id)}),
-            "version": definition_version,
-            "plan_hash": plan_hash,
-            "definition_scope": definition_scope_key,
-            "business_key": business_key,
-            "subject": None if subject is None else json.dumps(subject),
-            "metadata": json.dumps(metadata or {}),
-            "payload": json.dumps(payload),
-            "context": None if context is None else json.dumps(context),
-            "actor_kind": actor.kind,
-            "actor_id": actor.id,
-            "actor_reason": actor.reason,
-            "on_behalf_of": actor.on_behalf_of,
-            "attribution_status": actor.status,
-        },
-    )
-    return row is not None
+) -> dict[str, Any]:
+    """The parameters of ``RECORD_START`` (JSON values dumped) for one start."""
+    return {
+        "wf": instance_id,
+        "scope": scope_key,
+        "definition": definition_id,
+        "key": idempotency_key,
+        "fingerprint": fingerprint,
+        "result": json.dumps({"instanceId": str(instance_id)}),
+        "version": definition_version,
+        "plan_hash": plan_hash,
+        "definition_scope": definition_scope_key,
+        "business_key": business_key,
+        "subject": None if subject is None else json.dumps(subject),
+        "metadata": json.dumps(metadata or {}),
+        "payload": json.dumps(payload),
+        "context": None if context is None else json.dumps(context),
+        "actor_kind": actor.kind,
+        "actor_id": actor.id,
+        "actor_reason": actor.reason,
+        "on_behalf_of": actor.on_behalf_of,
+        "attribution_status": actor.status,
+    }
 
 
 def get(instance_id: Any) -> InstanceRow | None:

@@ -1,0 +1,202 @@
+"""A start outside a transaction sends its admission and record as one pipeline.
+
+``store.pipelined_start``: BEGIN, the shared id lock, the id's rows and the
+record in one round trip, judged by the admission rule before the commit.
+These tests hold what the pipeline must not change: a refusal writes nothing
+and comes before the record's own error, the connection is left idle and
+usable, and a session whose transactions are not READ COMMITTED gets the
+reference's FOR SHARE admission in Django's transaction instead.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import IntegrityError, connection
+
+import vertique_workflow as wf
+from tests.conftest import table_counts
+from vertique_workflow import context, tables
+from vertique_workflow import registry as registry_sync
+from vertique_workflow.exceptions import DefinitionUnavailable, WorkflowConflict
+from vertique_workflow.store import db, instances, pipelined_start
+from vertique_workflow.store import definitions as registry
+
+from .wire import client_waits
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T = tables.sql_names()
+
+
+class Plan:
+    """The attributes the registry reads of a plan, without the DSL."""
+
+    def __init__(self, definition_id: str, version: int = 1) -> None:
+        self.id, self.version = definition_id, version
+        self.contract, self.state_type_name = "thing.v1", "dict"
+        self.plan_hash = f"hash-{definition_id}-{version}"
+        self.signals: dict[str, Any] = {}
+        self.start_schema: dict[str, Any] | None = None
+
+
+def record_for(definition_id: str, *, business_key: str | None = None) -> dict[str, Any]:
+    return instances.record_start_params(
+        uuid.uuid4(),
+        scope_key="default",
+        definition_id=definition_id,
+        idempotency_key=f"key-{uuid.uuid4().hex}",
+        fingerprint="f",
+        definition_version=1,
+        plan_hash=f"hash-{definition_id}-1",
+        definition_scope_key="default",
+        business_key=business_key,
+        subject=None,
+        metadata={},
+        payload={},
+        context=None,
+        actor=context.stored_actor(None),
+    )
+
+
+def idle_and_usable() -> bool:
+    raw = connection.connection
+    if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        return cursor.fetchone() == (1,)
+
+
+@pytest.fixture
+def registered() -> str:
+    definition_id = f"flow-{uuid.uuid4().hex[:8]}"
+    registry.upsert_code(Plan(definition_id))
+    return definition_id
+
+
+def test_an_admitted_start_is_recorded_and_committed(registered):
+    assert pipelined_start.available()
+    record = record_for(registered)
+    assert pipelined_start.admit_and_record(
+        "default", registered, 1, f"hash-{registered}-1", record
+    )
+    assert idle_and_usable()
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT status FROM {T['instances']} WHERE id = %s", [record["wf"]])
+        assert cursor.fetchone() == ("PENDING",)
+
+
+@pytest.mark.parametrize(
+    ("version", "plan_hash", "reason"),
+    [(1, "another-hash", "drift"), (2, None, "the registry has no such version")],
+)
+def test_a_refused_admission_rolls_the_sent_record_back(registered, version, plan_hash, reason):
+    record = record_for(registered)
+    before = table_counts()
+    with pytest.raises(DefinitionUnavailable, match=f"INVALID_TRANSITION.*{reason}"):
+        pipelined_start.admit_and_record(
+            "default", registered, version, plan_hash or f"hash-{registered}-{version}", record
+        )
+    assert table_counts() == before
+    assert idle_and_usable()
+
+
+def test_a_refusal_comes_before_the_records_own_error(registered):
+    """As when the record ran only after the rule: the business-key conflict is not seen."""
+    first = record_for(registered, business_key="taken")
+    assert pipelined_start.admit_and_record("default", registered, 1, f"hash-{registered}-1", first)
+    clash = record_for(registered, business_key="taken")
+    before = table_counts()
+    with pytest.raises(DefinitionUnavailable, match="drift"):
+        pipelined_start.admit_and_record("default", registered, 1, "another-hash", clash)
+    # admitted, the same record is the unique violation, rolled back as well
+    with pytest.raises(IntegrityError) as failed:
+        pipelined_start.admit_and_record("default", registered, 1, f"hash-{registered}-1", clash)
+    assert db.sqlstate(failed.value) == "23505"
+    assert table_counts() == before
+    assert idle_and_usable()
+
+
+def test_a_business_key_conflict_of_a_start_is_the_conflict_and_writes_nothing():
+    wf.start("order", {"amount": 1}, idempotency_key="bk-1", business_key="same")
+    before = table_counts()
+    with pytest.raises(WorkflowConflict, match="business key already used"):
+        wf.start("order", {"amount": 1}, idempotency_key="bk-2", business_key="same")
+    assert table_counts() == before
+    assert idle_and_usable()
+
+
+@pytest.fixture
+def repeatable_read_session() -> Iterator[None]:
+    with connection.cursor() as cursor:
+        cursor.execute("SET default_transaction_isolation = 'repeatable read'")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET default_transaction_isolation")
+        if hasattr(connection.connection, "_vertique_stricter_isolation"):
+            del connection.connection._vertique_stricter_isolation
+
+
+def test_a_session_defaulting_to_repeatable_read_starts_in_djangos_transaction(
+    repeatable_read_session,
+):
+    """The pipeline's rows are not read FOR SHARE: at that level the start falls back."""
+    with pytest.raises(DefinitionUnavailable, match="REPEATABLE READ transaction"):
+        # no registry row of "order" yet: refused at that level (the reference), not admitted
+        wf.start("order", {"amount": 1}, idempotency_key="rr-unregistered")
+    registry_sync.sync_code_definitions()
+    wf.start("order", {"amount": 1}, idempotency_key="rr-warm")
+    assert not pipelined_start.available()  # learnt once per connection
+    started = []
+    waits = client_waits(
+        lambda: started.append(wf.start("order", {"amount": 1}, idempotency_key="rr"))
+    )
+    assert waits == ['Query "BEGIN"', "Sync", "Sync", "Sync", "Sync", 'Query "COMMIT"'], waits
+    assert started[0].created and wf.get(started[0].id).status == "PENDING"
+
+
+def test_a_session_defaulting_to_repeatable_read_is_told_apart_by_the_lock_statement(
+    registered, repeatable_read_session
+):
+    before = table_counts()
+    with pytest.raises(pipelined_start.StricterIsolation):
+        pipelined_start.admit_and_record(
+            "default", registered, 1, f"hash-{registered}-1", record_for(registered)
+        )
+    assert table_counts() == before
+    assert idle_and_usable()
+
+
+@pytest.mark.parametrize(
+    ("level", "begin"),
+    [
+        (None, "BEGIN"),
+        (psycopg.IsolationLevel.READ_COMMITTED, "BEGIN ISOLATION LEVEL READ COMMITTED"),
+        (psycopg.IsolationLevel.REPEATABLE_READ, None),
+        (psycopg.IsolationLevel.SERIALIZABLE, None),
+    ],
+)
+def test_only_a_read_committed_connection_is_offered_the_pipeline(level, begin):
+    connection.ensure_connection()
+    raw = connection.connection
+    saved = raw.isolation_level
+    raw.isolation_level = level  # what Django's OPTIONS "isolation_level" sets
+    try:
+        assert pipelined_start._begin_statement(raw) == begin
+        assert pipelined_start.available() is (begin is not None)
+    finally:
+        raw.isolation_level = saved
+
+
+def test_a_start_in_a_transaction_is_not_offered_the_pipeline():
+    from django.db import transaction
+
+    with transaction.atomic():
+        assert not pipelined_start.available()
