@@ -1,15 +1,18 @@
-"""A start outside a transaction sends its admission and record as one pipeline.
+"""A start outside a transaction sends its admission, record and commit as one pipeline.
 
-``store.pipelined_start``: BEGIN, the shared id lock, the id's rows and the
-record in one round trip, judged by the admission rule before the commit.
-These tests hold what the pipeline must not change: a refusal writes nothing
-and comes before the record's own error, the connection is left idle and
-usable, and a session whose transactions are not READ COMMITTED gets the
-reference's FOR SHARE admission in Django's transaction instead.
+``store.pipelined_start``: BEGIN, the shared id lock, the id's rows, the
+record guarded by the admission rule in SQL, and COMMIT in one round trip;
+the client judges the rows with the same rule afterwards. These tests hold
+what the pipeline must not change: the statements' order, the two spellings
+of the rule agreeing, a refusal writing nothing and coming before the
+record's own error, the connection left idle and usable, and a session whose
+transactions are not READ COMMITTED getting the reference's FOR SHARE
+admission in Django's transaction instead.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +20,8 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import IntegrityError, connection
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import vertique_workflow as wf
 from tests.conftest import table_counts
@@ -26,7 +31,7 @@ from vertique_workflow.exceptions import DefinitionUnavailable, WorkflowConflict
 from vertique_workflow.store import db, instances, pipelined_start
 from vertique_workflow.store import definitions as registry
 
-from .wire import client_waits
+from .wire import client_trace, client_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,15 +49,21 @@ class Plan:
         self.start_schema: dict[str, Any] | None = None
 
 
-def record_for(definition_id: str, *, business_key: str | None = None) -> dict[str, Any]:
+def record_for(
+    definition_id: str,
+    *,
+    business_key: str | None = None,
+    version: int = 1,
+    plan_hash: str | None = None,
+) -> dict[str, Any]:
     return instances.record_start_params(
         uuid.uuid4(),
         scope_key="default",
         definition_id=definition_id,
         idempotency_key=f"key-{uuid.uuid4().hex}",
         fingerprint="f",
-        definition_version=1,
-        plan_hash=f"hash-{definition_id}-1",
+        definition_version=version,
+        plan_hash=plan_hash or f"hash-{definition_id}-{version}",
         definition_scope_key="default",
         business_key=business_key,
         subject=None,
@@ -82,9 +93,7 @@ def registered() -> str:
 def test_an_admitted_start_is_recorded_and_committed(registered):
     assert pipelined_start.available()
     record = record_for(registered)
-    assert pipelined_start.admit_and_record(
-        "default", registered, 1, f"hash-{registered}-1", record
-    )
+    assert pipelined_start.admit_and_record(record)
     assert idle_and_usable()
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT status FROM {T['instances']} WHERE id = %s", [record["wf"]])
@@ -96,12 +105,10 @@ def test_an_admitted_start_is_recorded_and_committed(registered):
     [(1, "another-hash", "drift"), (2, None, "the registry has no such version")],
 )
 def test_a_refused_admission_rolls_the_sent_record_back(registered, version, plan_hash, reason):
-    record = record_for(registered)
+    record = record_for(registered, version=version, plan_hash=plan_hash)
     before = table_counts()
     with pytest.raises(DefinitionUnavailable, match=f"INVALID_TRANSITION.*{reason}"):
-        pipelined_start.admit_and_record(
-            "default", registered, version, plan_hash or f"hash-{registered}-{version}", record
-        )
+        pipelined_start.admit_and_record(record)
     assert table_counts() == before
     assert idle_and_usable()
 
@@ -109,14 +116,15 @@ def test_a_refused_admission_rolls_the_sent_record_back(registered, version, pla
 def test_a_refusal_comes_before_the_records_own_error(registered):
     """As when the record ran only after the rule: the business-key conflict is not seen."""
     first = record_for(registered, business_key="taken")
-    assert pipelined_start.admit_and_record("default", registered, 1, f"hash-{registered}-1", first)
+    assert pipelined_start.admit_and_record(first)
     clash = record_for(registered, business_key="taken")
+    drifted = {**clash, "plan_hash": "another-hash"}
     before = table_counts()
     with pytest.raises(DefinitionUnavailable, match="drift"):
-        pipelined_start.admit_and_record("default", registered, 1, "another-hash", clash)
+        pipelined_start.admit_and_record(drifted)
     # admitted, the same record is the unique violation, rolled back as well
     with pytest.raises(IntegrityError) as failed:
-        pipelined_start.admit_and_record("default", registered, 1, f"hash-{registered}-1", clash)
+        pipelined_start.admit_and_record(clash)
     assert db.sqlstate(failed.value) == "23505"
     assert table_counts() == before
     assert idle_and_usable()
@@ -167,9 +175,7 @@ def test_a_session_defaulting_to_repeatable_read_is_told_apart_by_the_lock_state
 ):
     before = table_counts()
     with pytest.raises(pipelined_start.StricterIsolation):
-        pipelined_start.admit_and_record(
-            "default", registered, 1, f"hash-{registered}-1", record_for(registered)
-        )
+        pipelined_start.admit_and_record(record_for(registered))
     assert table_counts() == before
     assert idle_and_usable()
 
@@ -200,3 +206,94 @@ def test_a_start_in_a_transaction_is_not_offered_the_pipeline():
 
     with transaction.atomic():
         assert not pipelined_start.available()
+
+
+def test_the_pipeline_sends_begin_lock_rows_record_and_commit_in_that_order():
+    connection.close()  # a new session: every statement is parsed, with its text, in the trace
+    trace = client_trace(lambda: wf.start("order", {"amount": 1}, idempotency_key="order"))
+    *_, read_sync, pipeline_sync = [m.start() for m in re.finditer(r"^F\t\d+\tSync", trace, re.M)]
+    pipeline = trace[read_sync:pipeline_sync]
+    marks = [
+        'Parse\t "" "BEGIN"',
+        "pg_advisory_xact_lock_shared",
+        "SELECT scope_key, definition_version, status, plan_hash",
+        f"INSERT INTO {T['dedup']}",
+        'Parse\t "" "COMMIT"',
+    ]
+    at = [pipeline.find(mark) for mark in marks]
+    assert -1 not in at and at == sorted(at), (at, pipeline)
+
+
+STATUSES = ("AVAILABLE", "DEPRECATED", "RETIRED", "CANDIDATE")
+
+# the id's rows: (version, status, hash matches the pin's) per version present
+ROWS = st.dictionaries(
+    st.integers(1, 3), st.tuples(st.sampled_from(STATUSES), st.booleans()), max_size=3
+)
+
+
+@pytest.fixture
+def template(registered: str) -> Iterator[str]:
+    """A copy of the registered row, for the examples to insert in its place."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TEMPORARY TABLE template AS "
+            f"SELECT * FROM {T['definitions']} WHERE definition_id = %s",
+            [registered],
+        )
+    yield registered
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE template")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(rows=ROWS, pin_version=st.integers(1, 3), pin_scope=st.sampled_from(["default", "eu"]))
+def test_the_records_guard_and_the_admission_rule_agree(template, rows, pin_version, pin_scope):
+    """``ADMITTED_AT_READ_COMMITTED`` admits exactly the pins ``check_admission`` admits."""
+    definition_id, pin_hash = template, "pin-hash"
+    with connection.cursor() as cursor:
+        for table in ("definition_activations", "definitions"):
+            cursor.execute(f"DELETE FROM {T[table]} WHERE definition_id = %s", [definition_id])
+        for version, (status, matches) in rows.items():
+            cursor.execute(
+                "UPDATE template SET definition_version = %s, status = %s, plan_hash = %s",
+                [version, status, pin_hash if matches else "another-hash"],
+            )
+            cursor.execute(f"INSERT INTO {T['definitions']} SELECT * FROM template")
+        cursor.execute(
+            f"SELECT {registry.ADMITTED_AT_READ_COMMITTED}",
+            {
+                "definition": definition_id,
+                "definition_scope": pin_scope,
+                "version": pin_version,
+                "plan_hash": pin_hash,
+            },
+        )
+        (guard,) = cursor.fetchone()
+        cursor.execute(registry.PIN_ROWS, [definition_id])
+        read = cursor.fetchall()
+    try:
+        registry.check_admission(
+            read, "read committed", pin_scope, definition_id, pin_version, pin_hash
+        )
+        rule = True
+    except DefinitionUnavailable:
+        rule = False
+    assert guard is rule, (rows, pin_scope, pin_version)
+
+
+def test_the_records_guard_admits_nothing_outside_read_committed(registered):
+    from django.db import transaction
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cursor.execute(
+            f"SELECT {registry.ADMITTED_AT_READ_COMMITTED}",
+            {
+                "definition": registered,
+                "definition_scope": "default",
+                "version": 1,
+                "plan_hash": f"hash-{registered}-1",
+            },
+        )
+        assert cursor.fetchone() == (False,)

@@ -18,6 +18,28 @@ from psycopg import pq
 
 def client_waits(run: Callable[[], Any]) -> list[str]:
     """The Sync and Query messages the client sent while ``run()`` ran, in order."""
+    return [
+        (f"Query {text.strip()}" if kind == "Query" else "Sync")
+        for kind, text in client_messages(run)
+        if kind in ("Sync", "Query")
+    ]
+
+
+def client_messages(run: Callable[[], Any]) -> list[tuple[str, str]]:
+    """Every message the client sent while ``run()`` ran: (type, the trace's rest of the line).
+
+    A statement's text may span lines of the trace: read it with :func:`client_trace`.
+    """
+    lines = [line.split("\t") for line in client_trace(run).splitlines()]
+    return [
+        (fields[2], "\t".join(fields[3:]))
+        for fields in lines
+        if len(fields) > 2 and fields[0] == "F"
+    ]
+
+
+def client_trace(run: Callable[[], Any]) -> str:
+    """libpq's protocol trace of Django's connection while ``run()`` ran, as written."""
     connection.ensure_connection()
     pgconn = connection.connection.pgconn
     with tempfile.TemporaryFile("w+") as trace:
@@ -28,9 +50,4 @@ def client_waits(run: Callable[[], Any]) -> list[str]:
         finally:
             pgconn.untrace()
         trace.seek(0)
-        lines = [line.split("\t") for line in trace.read().splitlines()]
-    return [
-        (f"Query {fields[3].strip()}" if fields[2] == "Query" else "Sync")
-        for fields in lines
-        if len(fields) > 2 and fields[0] == "F" and fields[2] in ("Sync", "Query")
-    ]
+        return trace.read()

@@ -176,7 +176,7 @@ def start(
     if db.connection().in_atomic_block:
         return _record_start(*arguments, actor, subject, _parent, fingerprint, mode=_CALLER)
     # Called outside a transaction: the writes in one transaction of our own,
-    # pipelined (store.pipelined_start: three waits on the server) where the
+    # pipelined with its commit (store.pipelined_start: two waits on the server) where the
     # connection allows, else Django's atomic around the reads and the writes.
     if pipelined_start.available():
         try:
@@ -240,9 +240,7 @@ def _record_start(
     writes = _atomic() if mode == _CALLER else contextlib.nullcontext()
     try:
         if mode == _PIPELINED:
-            claimed = pipelined_start.admit_and_record(
-                pin.scope, definition_id, pin.version, pin.plan_hash, record
-            )
+            claimed = pipelined_start.admit_and_record(record)
         else:
             with writes:
                 pin.admit()

@@ -259,6 +259,21 @@ WHERE definition_id = %s
 
 PIN_ROWS_FOR_SHARE = PIN_ROWS + "ORDER BY scope_key, definition_version\nFOR SHARE\n"
 
+# check_admission's rule at READ COMMITTED as a condition, for a statement that
+# runs under the shared id lock after PIN_ROWS: the pipelined start's record is
+# guarded by it (store.pipelined_start), so the COMMIT sent with the record
+# commits nothing for a pin the rule refuses. The same rule as the Python one
+# (tests/test_pipelined_start.py holds the two to the same verdicts): an id with
+# no row is admitted; otherwise the pin's exact row must exist with the plan
+# hash and be AVAILABLE; any other isolation level admits nothing here. The
+# named parameters are the record's (instances.record_start_params).
+ADMITTED_AT_READ_COMMITTED = f"""(current_setting('transaction_isolation') = 'read committed'
+    AND (NOT EXISTS (SELECT FROM {T["definitions"]} WHERE definition_id = %(definition)s)
+         OR EXISTS (SELECT FROM {T["definitions"]}
+                    WHERE scope_key = %(definition_scope)s AND definition_id = %(definition)s
+                      AND definition_version = %(version)s AND plan_hash = %(plan_hash)s
+                      AND status = 'AVAILABLE')))"""
+
 SET_SESSION_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, false)"
 
 # the on-demand schema fill waits this long at most for the row (fill_signal_schemas)
@@ -1032,9 +1047,10 @@ def check_admission(
 ) -> None:
     """The admission rule over the id's rows read under the shared lock (``PIN_ROWS``).
 
-    The one rule of :func:`admit_pin` and of a start's pipelined admission
-    (:mod:`.pipelined_start`): returns when the pin is admitted, raises
-    :class:`DefinitionUnavailable` otherwise.
+    The rule of :func:`admit_pin` and of a start's pipelined admission
+    (:mod:`.pipelined_start`, whose record is also guarded by the same rule
+    in SQL, ``ADMITTED_AT_READ_COMMITTED``): returns when the pin is
+    admitted, raises :class:`DefinitionUnavailable` otherwise.
     """
     key = _key(scope_key, definition_id, version)
     if not rows:

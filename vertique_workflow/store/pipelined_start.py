@@ -1,30 +1,35 @@
-"""A start outside any transaction: its admission and record sent as one pipeline.
+"""A start outside any transaction: its admission, record and commit sent as one pipeline.
 
 ``start()`` called outside a transaction owns the transaction it writes in.
 Through Django's ``atomic`` that transaction waits on the server six times:
 ``BEGIN``, the key + selection read, the admission's shared id lock, the id's
-rows, the record, ``COMMIT``. The statements after the read do not need each
-other's results before they are sent, only before the commit, so here the
-read runs on its own (an autocommit statement: nothing to commit), and then
-``BEGIN``, the admission's two statements and the record go to the server in
-one psycopg pipeline: one wait. PostgreSQL still runs them one after the
-other as separate statements, so the rows statement's snapshot is taken after
-the lock is granted, as the reference's admission requires. The admission
-rule (:func:`definitions.check_admission`, the one :func:`admit_pin` applies)
-then judges the rows before anything is committed: a refusal rolls the
-transaction back, so the record it sent is never seen, and the refusal wins
-over an error of the record, as when the record ran only after the rule. A
-start is then three waits: the read, the pipeline, ``COMMIT``.
+rows, the record, ``COMMIT``. None of the statements after the read needs
+another's result before it is sent, so here the read runs on its own (an
+autocommit statement: nothing to commit), and then ``BEGIN``, the
+admission's two statements, the record and ``COMMIT`` go to the server in one
+psycopg pipeline: a start is two waits. PostgreSQL still runs them one after
+the other as separate statements, so the rows statement's snapshot is taken
+after the lock is granted, as the reference's admission requires.
+
+The commit is sent before the client has judged the rows, so the record
+judges them too: it writes its dedup key (and so anything) only under
+``definitions.ADMITTED_AT_READ_COMMITTED``, the admission rule as a SQL
+condition, evaluated under the same shared lock (a registry change of the
+id waits for it, so the rows cannot change between the two statements). The
+client then applies the rule itself (:func:`definitions.check_admission`,
+the one :func:`admit_pin` applies) to the rows it received, for the refusal
+and its message: a refused pin has written nothing, and the refusal is what
+the caller sees even when the record failed too.
 
 Taken only where it gives the transaction Django's ``atomic`` would: a
 connection in autocommit, idle, whose transactions begin READ COMMITTED
 (no isolation level, read-only or deferrable option asking for another
 ``BEGIN``). A session whose default isolation turns out to be stricter
-(``default_transaction_isolation``, seen by the lock statement) raises
-:class:`StricterIsolation` after rolling back, and the connection is not
-offered the pipeline again: ``start()`` then runs in Django's ``atomic``,
-where the rows are read ``FOR SHARE`` as the reference says for those
-levels.
+(``default_transaction_isolation``, seen by the lock statement, and by the
+record's guard, which then writes nothing) raises :class:`StricterIsolation`,
+and the connection is not offered the pipeline again: ``start()`` then runs
+in Django's ``atomic``, where the rows are read ``FOR SHARE`` as the
+reference says for those levels.
 """
 
 from __future__ import annotations
@@ -75,21 +80,33 @@ def _begin_statement(raw: Any) -> str | None:
     return None
 
 
-def admit_and_record(
-    scope_key: str,
-    definition_id: str,
-    version: int,
-    plan_hash: str,
-    record: Mapping[str, Any],
-) -> bool:
-    """Admit the pin and record the start (``instances.record_start_params``) in one transaction.
+# RECORD_START, its dedup key written only for an admitted pin (a refused one: no row);
+# the casts give the parameters the types VALUES would take from the columns
+RECORD_ADMITTED_START = instances.RECORD_START.replace(
+    """    VALUES ('START', %(scope)s, %(definition)s, %(key)s, %(wf)s, %(fingerprint)s,
+            %(result)s::jsonb)
+""",
+    """    SELECT 'START', %(scope)s::varchar, %(definition)s::varchar, %(key)s::varchar, %(wf)s,
+           %(fingerprint)s::varchar, %(result)s::jsonb
+    WHERE """
+    + definitions.ADMITTED_AT_READ_COMMITTED
+    + "\n",
+)
+assert RECORD_ADMITTED_START != instances.RECORD_START
 
-    True: recorded and committed. False: another transaction committed the
-    same idempotency key first (nothing written: a replay). Raises what
-    :func:`definitions.admit_pin` and :func:`instances.record_prepared_start` raise,
-    the admission's errors first; nothing is committed then.
+
+def admit_and_record(record: Mapping[str, Any]) -> bool:
+    """Admit the record's pin, record the start and commit, in one pipeline.
+
+    ``record`` is :func:`instances.record_start_params`' (its pin: the
+    definition scope, id, version and plan hash). True: recorded and
+    committed. False: another transaction committed the same idempotency key
+    first (nothing written: a replay). Raises what
+    :func:`definitions.admit_pin` and :func:`instances.record_prepared_start`
+    raise, the admission's refusal first; nothing is written then.
     """
-    wrapper, raw, (begin, lock, rows, insert) = db.pipeline_cursors(4)
+    pin = (record["definition_scope"], record["definition"], record["version"], record["plan_hash"])
+    wrapper, raw, (begin, lock, rows, insert, commit) = db.pipeline_cursors(5)
     begin_sql = _begin_statement(raw)
     try:
         try:
@@ -97,30 +114,24 @@ def admit_and_record(
                 begin.execute(begin_sql, prepare=False)
                 lock.execute(
                     definitions.ADMIT_LOCK_SHARED,
-                    [definitions.admission_lock_timeout(), definition_id],
+                    [definitions.admission_lock_timeout(), record["definition"]],
                     prepare=lock.prepare,
                 )
-                rows.execute(definitions.PIN_ROWS, [definition_id], prepare=rows.prepare)
-                insert.execute(instances.RECORD_START, record, prepare=insert.prepare)
+                rows.execute(definitions.PIN_ROWS, [record["definition"]], prepare=rows.prepare)
+                insert.execute(RECORD_ADMITTED_START, record, prepare=insert.prepare)
+                commit.execute("COMMIT", prepare=False)
         except DatabaseError as exc:
-            _rollback(raw)
+            _rollback(raw)  # an aborted pipeline skipped the COMMIT: end the transaction
             if not _has_rows(rows):  # the lock or the rows statement failed
-                error = definitions.admission_error(exc, definition_id)
+                error = definitions.admission_error(exc, record["definition"])
                 if error is exc:
                     raise
                 raise error from exc
-            # the record failed after the admission ran: the rule's refusal comes first
-            _judge(raw, lock, rows, scope_key, definition_id, version, plan_hash)
+            # the record (or the commit) failed after the admission ran: a refusal first
+            _judge(raw, lock, rows, *pin)
             raise
-        try:
-            _judge(raw, lock, rows, scope_key, definition_id, version, plan_hash)
-        except BaseException:
-            _rollback(raw)
-            raise
-        claimed = insert.fetchone() is not None
-        with wrapper.wrap_database_errors:
-            raw.commit()
-        return claimed
+        _judge(raw, lock, rows, *pin)
+        return insert.fetchone() is not None
     finally:
         if not raw.closed and raw.info.transaction_status != _IDLE:
             _rollback(raw)  # interrupted in between: never leave the transaction open
@@ -135,7 +146,11 @@ def _judge(
     version: int,
     plan_hash: str,
 ) -> None:
-    """The admission rule over the pipelined rows; StricterIsolation outside READ COMMITTED."""
+    """The admission rule over the pipelined rows; StricterIsolation outside READ COMMITTED.
+
+    The record's guard judged the same rows the same way, so a refusal here
+    has written nothing.
+    """
     _, isolation, _ = lock.fetchone()
     if isolation != READ_COMMITTED:
         # read without FOR SHARE: not the reference's admission at this level
