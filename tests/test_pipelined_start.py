@@ -1,7 +1,8 @@
 """A start outside a transaction sends its admission, record and commit as one pipeline.
 
-``store.pipelined_start``: BEGIN, the shared id lock, the id's rows, the
-record guarded by the admission rule in SQL, and COMMIT in one round trip;
+``store.pipelined_start``: the shared id lock, the id's rows and the record
+guarded by the admission rule in SQL, one transaction up to the pipeline's
+Sync, in one round trip;
 the client judges the rows with the same rule afterwards. These tests hold
 what the pipeline must not change: the statements' order, the two spellings
 of the rule agreeing, a refusal writing nothing and coming before the
@@ -13,6 +14,7 @@ admission in Django's transaction instead.
 from __future__ import annotations
 
 import re
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +33,7 @@ from vertique_workflow.exceptions import DefinitionUnavailable, WorkflowConflict
 from vertique_workflow.store import db, instances, pipelined_start
 from vertique_workflow.store import definitions as registry
 
+from .executor_process import wait_until
 from .wire import client_trace, client_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -181,24 +184,45 @@ def test_a_session_defaulting_to_repeatable_read_is_told_apart_by_the_lock_state
 
 
 @pytest.mark.parametrize(
-    ("level", "begin"),
+    ("level", "read_only", "offered"),
     [
-        (None, "BEGIN"),
-        (psycopg.IsolationLevel.READ_COMMITTED, "BEGIN ISOLATION LEVEL READ COMMITTED"),
-        (psycopg.IsolationLevel.REPEATABLE_READ, None),
-        (psycopg.IsolationLevel.SERIALIZABLE, None),
+        (None, None, True),
+        (psycopg.IsolationLevel.READ_COMMITTED, None, True),
+        (psycopg.IsolationLevel.REPEATABLE_READ, None, False),
+        (psycopg.IsolationLevel.SERIALIZABLE, None, False),
+        (None, True, False),
     ],
 )
-def test_only_a_read_committed_connection_is_offered_the_pipeline(level, begin):
+def test_only_a_plain_read_committed_connection_is_offered_the_pipeline(level, read_only, offered):
     connection.ensure_connection()
     raw = connection.connection
-    saved = raw.isolation_level
-    raw.isolation_level = level  # what Django's OPTIONS "isolation_level" sets
+    saved = raw.isolation_level, raw.read_only
+    # what Django's OPTIONS "isolation_level" (and a read-only option) set
+    raw.isolation_level, raw.read_only = level, read_only
     try:
-        assert pipelined_start._begin_statement(raw) == begin
-        assert pipelined_start.available() is (begin is not None)
+        assert pipelined_start.available() is offered
     finally:
-        raw.isolation_level = saved
+        raw.isolation_level, raw.read_only = saved
+
+
+def test_a_pipelines_statements_are_one_transaction_holding_the_lock_to_the_sync():
+    """What the module relies on: no Sync between the statements, so no commit in between."""
+    connection.ensure_connection()
+    raw = connection.connection
+    first, second = raw.cursor(), raw.cursor()
+    with raw.pipeline():
+        first.execute(registry.ADMIT_LOCK_SHARED, ["1000ms", "some-id"])
+        second.execute(
+            "SELECT count(*) FROM pg_locks "
+            "WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND granted"
+        )
+    assert second.fetchone() == (1,)  # still held by the next statement
+    assert raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # committed at Sync
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'"
+        )
+        assert cursor.fetchone() == (0,)
 
 
 def test_a_start_in_a_transaction_is_not_offered_the_pipeline():
@@ -208,18 +232,17 @@ def test_a_start_in_a_transaction_is_not_offered_the_pipeline():
         assert not pipelined_start.available()
 
 
-def test_the_pipeline_sends_begin_lock_rows_record_and_commit_in_that_order():
+def test_the_pipeline_sends_lock_rows_and_record_in_that_order_and_no_begin_or_commit():
     connection.close()  # a new session: every statement is parsed, with its text, in the trace
     trace = client_trace(lambda: wf.start("order", {"amount": 1}, idempotency_key="order"))
     *_, read_sync, pipeline_sync = [m.start() for m in re.finditer(r"^F\t\d+\tSync", trace, re.M)]
     pipeline = trace[read_sync:pipeline_sync]
     marks = [
-        'Parse\t "" "BEGIN"',
         "pg_advisory_xact_lock_shared",
         "SELECT scope_key, definition_version, status, plan_hash",
         f"INSERT INTO {T['dedup']}",
-        'Parse\t "" "COMMIT"',
     ]
+    assert "BEGIN" not in pipeline and "COMMIT" not in pipeline, pipeline
     at = [pipeline.find(mark) for mark in marks]
     assert -1 not in at and at == sorted(at), (at, pipeline)
 
@@ -297,3 +320,51 @@ def test_the_records_guard_admits_nothing_outside_read_committed(registered):
             },
         )
         assert cursor.fetchone() == (False,)
+
+
+def test_a_version_deprecated_while_the_start_waits_for_the_lock_is_refused(holder):
+    """The reference's fence: the rows are read after the lock, so the pipeline sees the change.
+
+    The selection read (before the pipeline) still saw the version AVAILABLE;
+    the deprecation, holding the exclusive id lock, commits while the
+    pipelined start waits for the shared one.
+    """
+    from django.db import connections
+
+    registry_sync.sync_code_definitions()
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))",
+        ["order"],
+    )
+    holder.execute(
+        f"UPDATE {T['definitions']} SET status = 'DEPRECATED' "
+        "WHERE scope_key = 'default' AND definition_id = 'order' AND definition_version = 1"
+    )
+    outcome: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            outcome["ref"] = wf.start("order", {"amount": 1}, idempotency_key="raced")
+        except Exception as exc:  # the assertion below names it
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    racing = threading.Thread(target=start)
+    racing.start()
+    wait_until(lambda: lock_waiters() >= 1, what="the start queued on the id lock")
+    holder.commit()
+    racing.join(60)
+    assert not racing.is_alive()
+    error = outcome.get("error")
+    assert isinstance(error, DefinitionUnavailable), outcome
+    assert "the version is DEPRECATED" in str(error)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {T['dedup']} WHERE key = 'raced'")
+        assert cursor.fetchone() == (0,)
+
+
+def lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return cursor.fetchone()[0]

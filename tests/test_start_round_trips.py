@@ -13,11 +13,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_start_outside_a_transaction_waits_on_the_server_twice():
-    """The key + selection read; then BEGIN, admission lock, pin rows, record, COMMIT at once.
+    """The key + selection read; then admission lock, pin rows and record at once.
 
     The reference's admission is two statements (the shared lock, then the
-    rows under it), sent with the record and the commit in one pipeline
-    (``store.pipelined_start``); the key and the selection read share one.
+    rows under it), sent with the record in one pipeline, one transaction
+    committed at its Sync (``store.pipelined_start``); the key and the
+    selection read share one statement.
     """
     wf.start("order", {"amount": 0}, idempotency_key="warm")  # prepares the statements
     started = []

@@ -261,7 +261,7 @@ PIN_ROWS_FOR_SHARE = PIN_ROWS + "ORDER BY scope_key, definition_version\nFOR SHA
 
 # check_admission's rule at READ COMMITTED as a condition, for a statement that
 # runs under the shared id lock after PIN_ROWS: the pipelined start's record is
-# guarded by it (store.pipelined_start), so the COMMIT sent with the record
+# guarded by it (store.pipelined_start), so the commit at the pipeline's Sync
 # commits nothing for a pin the rule refuses. The same rule as the Python one
 # (tests/test_pipelined_start.py holds the two to the same verdicts): an id with
 # no row is admitted; otherwise the pin's exact row must exist with the plan

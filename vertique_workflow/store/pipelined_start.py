@@ -1,15 +1,18 @@
-"""A start outside any transaction: its admission, record and commit sent as one pipeline.
+"""A start outside any transaction: its admission and record sent as one pipeline.
 
 ``start()`` called outside a transaction owns the transaction it writes in.
 Through Django's ``atomic`` that transaction waits on the server six times:
 ``BEGIN``, the key + selection read, the admission's shared id lock, the id's
 rows, the record, ``COMMIT``. None of the statements after the read needs
 another's result before it is sent, so here the read runs on its own (an
-autocommit statement: nothing to commit), and then ``BEGIN``, the
-admission's two statements, the record and ``COMMIT`` go to the server in one
-psycopg pipeline: a start is two waits. PostgreSQL still runs them one after
-the other as separate statements, so the rows statement's snapshot is taken
-after the lock is granted, as the reference's admission requires.
+autocommit statement: nothing to commit), and then the admission's two
+statements and the record go to the server in one psycopg pipeline: a start
+is two waits. The statements of a pipeline up to its Sync are one
+transaction (PostgreSQL's extended query protocol: a Sync commits what no
+``BEGIN`` opened, and an error rolls all of it back), so no ``BEGIN`` or
+``COMMIT`` is sent; the shared id lock is held until that commit. PostgreSQL
+runs the statements one after the other, so the rows statement's snapshot
+is taken after the lock is granted, as the reference's admission requires.
 
 The commit is sent before the client has judged the rows, so the record
 judges them too: it writes its dedup key (and so anything) only under
@@ -22,9 +25,9 @@ and its message: a refused pin has written nothing, and the refusal is what
 the caller sees even when the record failed too.
 
 Taken only where it gives the transaction Django's ``atomic`` would: a
-connection in autocommit, idle, whose transactions begin READ COMMITTED
-(no isolation level, read-only or deferrable option asking for another
-``BEGIN``). A session whose default isolation turns out to be stricter
+connection in autocommit, idle, whose transactions are plain READ COMMITTED
+ones (no read-only or deferrable option, no isolation level but READ
+COMMITTED). A session whose default isolation turns out to be stricter
 (``default_transaction_isolation``, seen by the lock statement, and by the
 record's guard, which then writes nothing) raises :class:`StricterIsolation`,
 and the connection is not offered the pipeline again: ``start()`` then runs
@@ -65,19 +68,19 @@ def available() -> bool:
     raw = wrapper.connection
     if getattr(raw, "_vertique_stricter_isolation", False):
         return False
-    return raw.info.transaction_status == _IDLE and _begin_statement(raw) is not None
+    return raw.info.transaction_status == _IDLE and _plain_transaction(raw)
 
 
-def _begin_statement(raw: Any) -> str | None:
-    """The ``BEGIN`` psycopg would send for Django's transaction, when it is READ COMMITTED's."""
+def _plain_transaction(raw: Any) -> bool:
+    """Whether Django's transaction on ``raw`` would be a plain ``BEGIN`` at READ COMMITTED.
+
+    No read-only or deferrable option, and no isolation level or READ
+    COMMITTED (a session default that is stricter is caught by the lock
+    statement: :class:`StricterIsolation`).
+    """
     if raw.read_only or raw.deferrable:
-        return None
-    level = raw.isolation_level
-    if level is None:
-        return "BEGIN"
-    if level == psycopg.IsolationLevel.READ_COMMITTED:
-        return "BEGIN ISOLATION LEVEL READ COMMITTED"
-    return None
+        return False
+    return raw.isolation_level in (None, psycopg.IsolationLevel.READ_COMMITTED)
 
 
 # RECORD_START, its dedup key written only for an admitted pin (a refused one: no row);
@@ -106,12 +109,12 @@ def admit_and_record(record: Mapping[str, Any]) -> bool:
     raise, the admission's refusal first; nothing is written then.
     """
     pin = (record["definition_scope"], record["definition"], record["version"], record["plan_hash"])
-    wrapper, raw, (begin, lock, rows, insert, commit) = db.pipeline_cursors(5)
-    begin_sql = _begin_statement(raw)
+    wrapper, raw, (lock, rows, insert) = db.pipeline_cursors(3)
     try:
         try:
+            # no BEGIN and no COMMIT: the statements up to the pipeline's one Sync
+            # are one transaction, committed at the Sync (rolled back by an error)
             with wrapper.wrap_database_errors, raw.pipeline():
-                begin.execute(begin_sql, prepare=False)
                 lock.execute(
                     definitions.ADMIT_LOCK_SHARED,
                     [definitions.admission_lock_timeout(), record["definition"]],
@@ -119,9 +122,8 @@ def admit_and_record(record: Mapping[str, Any]) -> bool:
                 )
                 rows.execute(definitions.PIN_ROWS, [record["definition"]], prepare=rows.prepare)
                 insert.execute(RECORD_ADMITTED_START, record, prepare=insert.prepare)
-                commit.execute("COMMIT", prepare=False)
         except DatabaseError as exc:
-            _rollback(raw)  # an aborted pipeline skipped the COMMIT: end the transaction
+            _rollback(raw)  # the Sync rolled it back; anything still open ends here
             if not _has_rows(rows):  # the lock or the rows statement failed
                 error = definitions.admission_error(exc, record["definition"])
                 if error is exc:
