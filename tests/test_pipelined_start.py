@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import vertique_workflow as wf
 from tests.conftest import table_counts
+from tests.test_registry_errors import Plan
 from vertique_workflow import context, tables
 from vertique_workflow import registry as registry_sync
 from vertique_workflow.exceptions import DefinitionUnavailable, WorkflowConflict
@@ -39,17 +40,6 @@ from .wire import client_trace, client_waits
 pytestmark = pytest.mark.django_db(transaction=True)
 
 T = tables.sql_names()
-
-
-class Plan:
-    """The attributes the registry reads of a plan, without the DSL."""
-
-    def __init__(self, definition_id: str, version: int = 1) -> None:
-        self.id, self.version = definition_id, version
-        self.contract, self.state_type_name = "thing.v1", "dict"
-        self.plan_hash = f"hash-{definition_id}-{version}"
-        self.signals: dict[str, Any] = {}
-        self.start_schema: dict[str, Any] | None = None
 
 
 def record_for(
