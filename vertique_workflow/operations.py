@@ -237,12 +237,11 @@ def _record_start(
         context=captured,
         actor=context.stored_actor(actor),
     )
-    writes = _atomic() if mode == _CALLER else contextlib.nullcontext()
     try:
         if mode == _PIPELINED:
             claimed = pipelined_start.admit_and_record(record)
         else:
-            with writes:
+            with _atomic() if mode == _CALLER else contextlib.nullcontext():
                 pin.admit()
                 # one statement, the key first: a concurrent start with the same key
                 # then resolves as a replay, not as a business-key conflict

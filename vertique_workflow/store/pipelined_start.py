@@ -21,8 +21,8 @@ condition, evaluated under the same shared lock (a registry change of the
 id waits for it, so the rows cannot change between the two statements). The
 client then applies the rule itself (:func:`definitions.check_admission`,
 the one :func:`admit_pin` applies) to the rows it received, for the refusal
-and its message: a refused pin has written nothing, and the refusal is what
-the caller sees even when the record failed too.
+and its message: a refused pin has written nothing, so its record cannot
+fail on a conflict, and the refusal is what the caller sees.
 
 Taken only where it gives the transaction Django's ``atomic`` would: a
 connection in autocommit, idle, whose transactions are plain READ COMMITTED
@@ -111,32 +111,30 @@ def admit_and_record(record: Mapping[str, Any]) -> bool:
     pin = (record["definition_scope"], record["definition"], record["version"], record["plan_hash"])
     wrapper, raw, (lock, rows, insert) = db.pipeline_cursors(3)
     try:
-        try:
-            # no BEGIN and no COMMIT: the statements up to the pipeline's one Sync
-            # are one transaction, committed at the Sync (rolled back by an error)
-            with wrapper.wrap_database_errors, raw.pipeline():
-                lock.execute(
-                    definitions.ADMIT_LOCK_SHARED,
-                    [definitions.admission_lock_timeout(), record["definition"]],
-                    prepare=lock.prepare,
-                )
-                rows.execute(definitions.PIN_ROWS, [record["definition"]], prepare=rows.prepare)
-                insert.execute(RECORD_ADMITTED_START, record, prepare=insert.prepare)
-        except DatabaseError as exc:
-            _rollback(raw)  # the Sync rolled it back; anything still open ends here
-            if not _has_rows(rows):  # the lock or the rows statement failed
-                error = definitions.admission_error(exc, record["definition"])
-                if error is exc:
-                    raise
-                raise error from exc
-            # the record (or the commit) failed after the admission ran: a refusal first
-            _judge(raw, lock, rows, *pin)
+        # no BEGIN and no COMMIT: the statements up to the pipeline's one Sync
+        # are one transaction, committed at the Sync (rolled back by an error)
+        with wrapper.wrap_database_errors, raw.pipeline():
+            lock.execute(
+                definitions.ADMIT_LOCK_SHARED,
+                [definitions.admission_lock_timeout(), record["definition"]],
+                prepare=lock.prepare,
+            )
+            rows.execute(definitions.PIN_ROWS, [record["definition"]], prepare=rows.prepare)
+            insert.execute(RECORD_ADMITTED_START, record, prepare=insert.prepare)
+    except DatabaseError as exc:
+        if _has_rows(rows):
+            # the record failed: its guard had admitted the pin (a refused one
+            # writes nothing, so it cannot fail on a conflict), so as is
             raise
-        _judge(raw, lock, rows, *pin)
-        return insert.fetchone() is not None
+        error = definitions.admission_error(exc, record["definition"])  # lock or rows failed
+        if error is exc:
+            raise
+        raise error from exc
     finally:
         if not raw.closed and raw.info.transaction_status != _IDLE:
             _rollback(raw)  # interrupted in between: never leave the transaction open
+    _judge(raw, lock, rows, *pin)
+    return insert.fetchone() is not None
 
 
 def _judge(
