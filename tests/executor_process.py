@@ -62,6 +62,20 @@ class ExecutorProcess:
         finally:
             self._log.close()
 
+    def wait_running(self, timeout: float = 120) -> None:
+        """Wait until the executor logs its counters: its run loop (and SIGTERM handler) is up.
+
+        A test with two executors may see the other one drain everything while
+        this one is still importing Django; a SIGTERM then would kill it before
+        its handler exists (exit -15) instead of stopping it.
+        """
+        wait_until(
+            lambda: "completed=" in self.log,
+            timeout=timeout,
+            what="the executor's first counters line",
+            process=self,
+        )
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.send(signal.SIGTERM)

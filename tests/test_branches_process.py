@@ -101,6 +101,8 @@ def test_two_executors_drive_the_branches_of_one_instance_once_even_with_a_cance
             what="every command settled",
             process=first,
         )
+        for executor in (first, second):
+            executor.wait_running()  # a late one would not have its SIGTERM handler yet
         assert first.stop() == 0, first.log
         assert second.stop() == 0, second.log
         logs = first.log + second.log

@@ -83,6 +83,8 @@ def test_two_processes_run_500_instances_with_concurrent_signals_exactly_once():
             what="every instance COMPLETED",
             process=first,
         )
+        for executor in (first, second):
+            executor.wait_running()  # a late one would not have its SIGTERM handler yet
         assert first.stop() == 0, first.log
         assert second.stop() == 0, second.log
         logs = first.log + second.log
