@@ -98,7 +98,9 @@ def run(
         entries.extend(transition.logged_entries(result, row, baseline_needed=fresh_start))
         # what the re-drive asked for (timers, tasks, branches, children) is written too
         entries.extend(effects.persist(row.id, command.id, result.effects, context.capture(), row))
-    transition.persist(row, command.id, token, result, entries=entries, common=common)
+    transition.persist(
+        row, command.id, token, result, entries=entries, common=common, kind=command.kind
+    )
     offered = commands.reoffer(row.id, failed_command)
     if offered:
         history.append(

@@ -674,6 +674,7 @@ def _settle_segment(
         entries=entries,
         common=common,
         subject=command.target if command.kind == "START" else None,
+        kind=command.kind,
     )
     if result.ended and row.metadata and row.metadata.get("parent"):
         from ..operations import notify_parent

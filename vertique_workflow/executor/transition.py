@@ -68,8 +68,12 @@ def persist(
     entries: list[HistoryEntry],
     common: dict[str, Any],
     subject: Any = None,
+    kind: str | None = None,
 ) -> None:
     """The instance, the entries and the command's completion in one statement.
+
+    ``kind``: the command's kind when known (a SIGNAL's settlement also lowers
+    the open-signal count; any other kind runs the shorter statement).
 
     ``common`` may hold ``fallback_actor``: the actor of entries that name no
     command with one (the segment command's). The instance's new version is
@@ -96,6 +100,7 @@ def persist(
         new_version=max([row.version + 1, *reached]),
         legacy_baseline=not row.baseline_logged
         and any(e.event_type == "STATE_BASELINE" for e in entries),
+        signal=kind is None or kind == "SIGNAL",
     ):
         raise OptimisticConflict()
 

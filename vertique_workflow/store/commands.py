@@ -110,7 +110,9 @@ LIMIT %s
 _CLAIM_NEXT_CTES = f"""
 async_commit AS (SELECT set_config('synchronous_commit', 'off', true) AS setting),
 cand AS (
-    SELECT c.id, c.workflow_id
+    SELECT c.id, c.workflow_id,
+           ARRAY[i.definition_id, i.definition_version::text, i.plan_hash,
+                 i.definition_scope_key] AS claimed_pin
     FROM async_commit, {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
     WHERE {claimable("c")}
       AND i.status NOT IN {ENDED}
@@ -131,10 +133,7 @@ SET state = 'CLAIMED', attempts = c.attempts + 1, claim_token = gen_random_uuid(
 FROM cand
 WHERE c.id = cand.id
   AND pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(cand.workflow_id::text))
-RETURNING c.id, c.workflow_id, c.seq, c.kind, c.claim_token, c.attempts,
-          (SELECT ARRAY[i.definition_id, i.definition_version::text, i.plan_hash,
-                        i.definition_scope_key]
-           FROM {T["instances"]} i WHERE i.id = c.workflow_id)
+RETURNING c.id, c.workflow_id, c.seq, c.kind, c.claim_token, c.attempts, cand.claimed_pin
 """
 CLAIM_NEXT = f"WITH {_CLAIM_NEXT_CTES}{_CLAIM_NEXT_UPDATE}"
 

@@ -57,7 +57,7 @@ WHERE c.id = %s AND c.state = 'CLAIMED' AND c.claim_token = %s
 FOR UPDATE OF c
 """
 
-PERSIST = f"""
+_PERSIST_CTES = f"""
 WITH inst AS (
     UPDATE {T["instances"]}
     SET status = %(status)s, current_step_id = %(step)s, state_json = %(state)s::jsonb,
@@ -85,12 +85,19 @@ WITH inst AS (
     WHERE id = %(command)s AND state = 'CLAIMED' AND claim_token = %(token)s
       AND EXISTS (SELECT 1 FROM inst)
     RETURNING workflow_id, kind
-), lowered AS (
-    UPDATE {T["command_queues"]} q SET open_signals = GREATEST(q.open_signals - 1, 0)
-    FROM done WHERE q.workflow_id = done.workflow_id AND done.kind = 'SIGNAL'
-)
+)"""
+_PERSIST_RESULT = """
 SELECT (SELECT count(*) FROM inst), (SELECT count(*) FROM done), (SELECT count(*) FROM hist)
 """
+# A settled SIGNAL leaves the open states: its queue row's open_signals is lowered
+# in the same statement. Any other kind runs the statement without that update:
+# PostgreSQL initialises every data-modifying CTE of a statement on each
+# execution (the table, its indexes, the projection), even one that writes nothing.
+PERSIST_SIGNAL = f"""{_PERSIST_CTES}, lowered AS (
+    UPDATE {T["command_queues"]} q SET open_signals = GREATEST(q.open_signals - 1, 0)
+    FROM done WHERE q.workflow_id = done.workflow_id AND done.kind = 'SIGNAL'
+){_PERSIST_RESULT}"""
+PERSIST = f"{_PERSIST_CTES}{_PERSIST_RESULT}"
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,7 @@ def persist(
     actor: dict[str, Any],
     new_version: int,
     legacy_baseline: bool,
+    signal: bool = True,
 ) -> bool:
     """Write the transition; False when the instance or the command changed (a bug).
 
@@ -184,14 +192,16 @@ def persist(
     reached (at least one past the version read). ``legacy_baseline``: the
     entries hold the one baseline of an instance from before 0003, consumed
     by the guard ``baseline_logged = FALSE`` in this same update, so two
-    segments can never both log it.
+    segments can never both log it. ``signal``: the command may be a SIGNAL,
+    whose settlement lowers its instance's open-signal count (False only when
+    its kind is known to be another).
     """
     rows = [
         dict(entry_row(entry, common, actor), ord=index)
         for index, entry in enumerate(entries, start=1)
     ]
     result = db.fetchone_prepared(
-        PERSIST,
+        PERSIST_SIGNAL if signal else PERSIST,
         {
             "wf": instance.id,
             "version": instance.version,
