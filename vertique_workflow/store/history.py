@@ -31,7 +31,21 @@ HISTORY_RECORDSET = (
 ACTOR_COLUMNS = ("actor_kind", "actor_id", "actor_reason", "on_behalf_of", "attribution_status")
 
 
-def _selected(column: str) -> str:
+# The columns every entry of one segment's persist shares (its command, executor
+# and pin): the persist sends them once, as parameters ``%(shared_<column>)s``,
+# instead of in each entry's record (``SHARED_HISTORY_SELECTED``). PostgreSQL
+# parses the entries' JSON on every persist, and these values were most of it.
+SHARED_COLUMNS = (
+    "executor_id",
+    "command_id",
+    "definition_scope_key",
+    "definition_id",
+    "definition_version",
+    "plan_hash",
+)
+
+
+def _selected(column: str, *, shared: bool = False) -> str:
     """The value an appended entry stores in ``column``.
 
     Attribution: an entry that carries an actor keeps it (a canceller, a
@@ -39,26 +53,39 @@ def _selected(column: str) -> str:
     the command it names (its ``command_id``, else its payload's
     ``commandId``; joined as ``n``), and failing that the fallback actor the
     writer gives (``fb_*``: the segment command's actor, or NONE/ABSENT).
+    ``shared``: the fallback actor and the :data:`SHARED_COLUMNS` come as
+    parameters (``%(fb_<column>)s``, ``%(shared_<column>)s``); an entry's own
+    value of a shared column, when it has one, wins.
     """
     if column == "entry_version":
         return "COALESCE(e.entry_version, 1)"
     if column in ACTOR_COLUMNS:
+        fallback = f"%(fb_{column})s" if shared else f"e.fb_{column}"
         return (
             f"CASE WHEN e.actor_kind IS NOT NULL THEN e.{column} "
-            f"WHEN n.actor_kind IS NOT NULL THEN n.{column} ELSE e.fb_{column} END"
+            f"WHEN n.actor_kind IS NOT NULL THEN n.{column} ELSE {fallback} END"
         )
+    if shared and column in SHARED_COLUMNS:
+        return f"COALESCE(e.{column}, %(shared_{column})s)"
     return f"e.{column}"
 
 
 HISTORY_SELECTED = ", ".join(_selected(column) for column in HISTORY_COLUMNS.split(", "))
+SHARED_HISTORY_SELECTED = ", ".join(
+    _selected(column, shared=True) for column in HISTORY_COLUMNS.split(", ")
+)
 HISTORY_RECORDSET += ", " + ", ".join(f"fb_{column} text" for column in ACTOR_COLUMNS)
 
 
-def named_command_join(workflow_param: str) -> str:
-    """The command an entry names, for its attribution (same instance only)."""
+def named_command_join(workflow_param: str, *, shared: bool = False) -> str:
+    """The command an entry names, for its attribution (same instance only).
+
+    ``shared``: an entry with no ``command_id`` of its own names the shared one.
+    """
+    named = "COALESCE(e.command_id, %(shared_command_id)s)" if shared else "e.command_id"
     return (
         f"LEFT JOIN {T['commands']} n ON n.workflow_id = {workflow_param} AND n.id = "
-        "COALESCE(e.command_id, (e.payload_json ->> 'commandId')::bigint)"
+        f"COALESCE({named}, (e.payload_json ->> 'commandId')::bigint)"
     )
 
 
@@ -154,6 +181,27 @@ def entry_row(
     """One entry's recordset row; ``fallback_actor`` attributes an entry naming no command."""
     row = {
         **{f"fb_{column}": value for column, value in (fallback_actor or NO_ACTOR).items()},
+        **_fields(entry),
+    }
+    row.update(common)
+    row.update(entry.extra)
+    return row
+
+
+def shared_entry_row(entry: HistoryEntry) -> dict[str, Any]:
+    """One entry's recordset row for ``SHARED_HISTORY_SELECTED``: its own fields only.
+
+    Keys whose value is None are left out (the recordset reads a missing key
+    as NULL, as it reads null), so an entry's ``extra`` overrides a shared
+    column with a value, never with None.
+    """
+    row = _fields(entry)
+    row.update(entry.extra)
+    return {key: value for key, value in row.items() if value is not None}
+
+
+def _fields(entry: HistoryEntry) -> dict[str, Any]:
+    return {
         "event_type": entry.event_type,
         "payload_json": entry.payload,
         "step_id": entry.step_id,
@@ -163,9 +211,6 @@ def entry_row(
         "state_version_before": entry.state_version_before,
         "state_version_after": entry.state_version_after,
     }
-    row.update(common)
-    row.update(entry.extra)
-    return row
 
 
 def append(

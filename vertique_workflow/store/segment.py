@@ -22,11 +22,13 @@ from . import db
 from .commands import FencedCommand, actor_from_row, execution_lock_sql
 from .eligibility import at_head
 from .history import (
+    ACTOR_COLUMNS,
     HISTORY_COLUMNS,
     HISTORY_RECORDSET,
-    HISTORY_SELECTED,
-    entry_row,
+    SHARED_COLUMNS,
+    SHARED_HISTORY_SELECTED,
     named_command_join,
+    shared_entry_row,
 )
 from .instances import InstanceRow, row_from_values
 
@@ -71,11 +73,11 @@ WITH inst AS (
     RETURNING id
 ), hist AS (
     INSERT INTO {T["history"]} (workflow_id, sequence, {HISTORY_COLUMNS})
-    SELECT %(wf)s, base.s + e.ord, {HISTORY_SELECTED}
+    SELECT %(wf)s, base.s + e.ord, {SHARED_HISTORY_SELECTED}
     FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]}
           WHERE workflow_id = %(wf)s) base
     CROSS JOIN jsonb_to_recordset(%(entries)s::jsonb) AS e({HISTORY_RECORDSET})
-    {named_command_join("%(wf)s")}
+    {named_command_join("%(wf)s", shared=True)}
     WHERE EXISTS (SELECT 1 FROM inst)
     RETURNING 1
 ), done AS (
@@ -187,6 +189,10 @@ def persist(
 ) -> bool:
     """Write the transition; False when the instance or the command changed (a bug).
 
+    ``common`` holds the history columns every entry carries
+    (:data:`~vertique_workflow.store.history.SHARED_COLUMNS`, sent once); an
+    entry's ``extra`` overrides them with a value of its own.
+
     ``actor`` attributes the entries that name no command with an actor (the
     segment command's); ``new_version`` is the state version the decision log
     reached (at least one past the version read). ``legacy_baseline``: the
@@ -196,13 +202,17 @@ def persist(
     whose settlement lowers its instance's open-signal count (False only when
     its kind is known to be another).
     """
+    unknown = common.keys() - set(SHARED_COLUMNS)
+    if unknown:
+        raise ValueError(f"history columns the persist does not share: {sorted(unknown)}")
     rows = [
-        dict(entry_row(entry, common, actor), ord=index)
-        for index, entry in enumerate(entries, start=1)
+        dict(shared_entry_row(entry), ord=index) for index, entry in enumerate(entries, start=1)
     ]
     result = db.fetchone_prepared(
         PERSIST_SIGNAL if signal else PERSIST,
         {
+            **{f"shared_{column}": common.get(column) for column in SHARED_COLUMNS},
+            **{f"fb_{column}": actor.get(column) for column in ACTOR_COLUMNS},
             "wf": instance.id,
             "version": instance.version,
             "new_version": max(new_version, instance.version + 1),
