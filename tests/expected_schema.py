@@ -84,11 +84,10 @@ EXPECTED = {
                 "workflow_id": "uuid NOT NULL",
             },
             "constraints": {
-                "workflow_commands_kind_check": "CHECK (((kind)::text = ANY ((ARRAY['START'::character varying, 'SIGNAL'::character varying, 'COMPLETION'::character varying, 'RETRY'::character varying, 'MIGRATION'::character varying, 'TIMER'::character varying])::text[])))",
+                "workflow_commands_kind_check": "CHECK (((kind)::text = ANY ('{START,SIGNAL,COMPLETION,RETRY,MIGRATION,TIMER}'::text[])))",
                 "workflow_commands_pkey": "PRIMARY KEY (id)",
-                "workflow_commands_state_check": "CHECK (((state)::text = ANY ((ARRAY['PENDING'::character varying, 'DEFERRED'::character varying, 'CLAIMED'::character varying, 'PARKED'::character varying, 'DEAD'::character varying, 'COMPLETE'::character varying, 'REJECTED'::character varying, 'STALE'::character varying, 'FAILED'::character varying, "
-                "'SUPERSEDED'::character varying, 'CANCELLED'::character varying])::text[])))",
-                "workflow_commands_timer_kind_check": "CHECK (((((kind)::text = 'TIMER'::text) AND (timer_kind IS NOT NULL) AND ((timer_kind)::text = ANY ((ARRAY['FIRE'::character varying, 'TIMEOUT'::character varying, 'DUE'::character varying, 'REMINDER'::character varying])::text[]))) OR ((NOT ((kind)::text = 'TIMER'::text)) AND (timer_kind IS NULL))))",
+                "workflow_commands_state_check": "CHECK (((state)::text = ANY ('{PENDING,DEFERRED,CLAIMED,PARKED,DEAD,COMPLETE,REJECTED,STALE,FAILED,SUPERSEDED,CANCELLED}'::text[])))",
+                "workflow_commands_timer_kind_check": "CHECK (((((kind)::text = 'TIMER'::text) AND (timer_kind IS NOT NULL) AND ((timer_kind)::text = ANY ('{FIRE,TIMEOUT,DUE,REMINDER}'::text[]))) OR ((NOT ((kind)::text = 'TIMER'::text)) AND (timer_kind IS NULL))))",
                 "workflow_commands_wf_seq_uniq": "UNIQUE (workflow_id, seq)",
                 "workflow_commands_workflow_fk": "FOREIGN KEY (workflow_id) REFERENCES workflow_instances(id) ON DELETE CASCADE",
             },

@@ -12,7 +12,7 @@ from tests.conftest import connect, run_manage
 from tests.expected_schema import EXPECTED
 from tests.schema_introspection import describe, workflow_objects_in
 from vertique_workflow import tables
-from vertique_workflow.models import WorkflowInstance
+from vertique_workflow.models import CommandKind, CommandState, TimerKind, WorkflowInstance
 
 pytestmark = pytest.mark.slow
 
@@ -103,3 +103,107 @@ def test_timer_kind_is_set_exactly_when_the_kind_is_timer(kind, timer_kind):
     assert isinstance(cause, psycopg.errors.CheckViolation)
     assert cause.sqlstate == "23514"
     assert cause.diag.constraint_name == "workflow_commands_timer_kind_check"
+
+
+# Every combination the three checks of workflow_commands judge: each admitted
+# value, a wrong case, an empty string, an unknown word, and NULL where the
+# column admits it.
+STATE_VALUES = [*CommandState.values, "pending", "", "PAUSED"]
+KIND_VALUES = [*CommandKind.values, "timer", "", "JOB"]
+TIMER_KIND_VALUES = [*TimerKind.values, None, "fire", "", "SOON"]
+
+
+def command_check_verdicts(conn: psycopg.Connection, schema: str | None) -> dict[tuple, str]:
+    """Each (state, kind, timer_kind): "ok" or the name of the check that refused it."""
+    names = tables.sql_names(schema)
+    instance = uuid.uuid4()
+    conn.execute(
+        f"INSERT INTO {names['instances']} (id, definition_id, definition_version, plan_hash, "
+        "status) VALUES (%s, 'd', 1, 'h', 'PENDING')",
+        [instance],
+    )
+    verdicts = {}
+    seq = 0
+    for state in STATE_VALUES:
+        for kind in KIND_VALUES:
+            for timer_kind in TIMER_KIND_VALUES:
+                seq += 1
+                try:
+                    with conn.transaction():
+                        conn.execute(
+                            f"INSERT INTO {names['commands']} (workflow_id, seq, kind, state, "
+                            "timer_kind) VALUES (%s, %s, %s, %s, %s)",
+                            [instance, seq, kind, state, timer_kind],
+                        )
+                    verdicts[(state, kind, timer_kind)] = "ok"
+                except psycopg.errors.CheckViolation as refused:
+                    verdicts[(state, kind, timer_kind)] = refused.diag.constraint_name
+    conn.execute(f"DELETE FROM {names['instances']} WHERE id = %s", [instance])
+    return verdicts
+
+
+@pytest.mark.parametrize("schema", [None, "workflow_data"], ids=["unqualified", "named-schema"])
+def test_0006_command_checks_judge_every_row_as_djangos_spelling_did(scratch_database, schema):
+    """0006 respells the checks of workflow_commands as constants: same verdicts, same names.
+
+    Reversing it restores Django's rendering of the model's conditions exactly.
+    """
+    run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
+    with connect(scratch_database) as conn:
+        as_constants = command_check_verdicts(conn, schema)
+    run_manage(
+        "migrate", "vertique_workflow", "0005", "-v", "0", dbname=scratch_database, schema=schema
+    )
+    with connect(scratch_database) as conn:
+        as_django_renders = command_check_verdicts(conn, schema)
+        reversed_checks = {
+            name: definition
+            for name, definition in describe(conn, schema or "public")["tables"][
+                "workflow_commands"
+            ]["constraints"].items()
+            if name.endswith("_check")
+        }
+    assert as_constants == as_django_renders
+    assert set(as_constants.values()) == {
+        "ok",
+        "workflow_commands_state_check",
+        "workflow_commands_kind_check",
+        "workflow_commands_timer_kind_check",
+    }
+    admitted = {row for row, verdict in as_constants.items() if verdict == "ok"}
+    assert admitted == {
+        (state, kind, timer_kind)
+        for state in CommandState.values
+        for kind in CommandKind.values
+        for timer_kind in (TimerKind.values if kind == "TIMER" else [None])
+    }
+    assert reversed_checks == DJANGO_RENDERED_CHECKS
+    run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
+    with connect(scratch_database) as conn:
+        assert describe(conn, schema or "public")["tables"] == EXPECTED["tables"]
+
+
+# Django's rendering of the model's conditions, as 0003 created them.
+DJANGO_RENDERED_CHECKS = {
+    "workflow_commands_kind_check": (
+        "CHECK (((kind)::text = ANY ((ARRAY['START'::character varying, "
+        "'SIGNAL'::character varying, 'COMPLETION'::character varying, "
+        "'RETRY'::character varying, 'MIGRATION'::character varying, "
+        "'TIMER'::character varying])::text[])))"
+    ),
+    "workflow_commands_state_check": (
+        "CHECK (((state)::text = ANY ((ARRAY['PENDING'::character varying, "
+        "'DEFERRED'::character varying, 'CLAIMED'::character varying, "
+        "'PARKED'::character varying, 'DEAD'::character varying, "
+        "'COMPLETE'::character varying, 'REJECTED'::character varying, "
+        "'STALE'::character varying, 'FAILED'::character varying, "
+        "'SUPERSEDED'::character varying, 'CANCELLED'::character varying])::text[])))"
+    ),
+    "workflow_commands_timer_kind_check": (
+        "CHECK (((((kind)::text = 'TIMER'::text) AND (timer_kind IS NOT NULL) AND "
+        "((timer_kind)::text = ANY ((ARRAY['FIRE'::character varying, "
+        "'TIMEOUT'::character varying, 'DUE'::character varying, "
+        "'REMINDER'::character varying])::text[]))) OR "
+        "((NOT ((kind)::text = 'TIMER'::text)) AND (timer_kind IS NULL))))"
+    ),
+}
