@@ -87,6 +87,15 @@ def test_entries_a_segment_writes_about_other_commands_carry_those_commands_acto
     run_until_idle()
     assert entry(ref.id, "COMMAND_SUPERSEDED").actor_id == "ann"
     assert entry(ref.id, "WORKFLOW_RETRIED").actor_id == "ops"
+    # the persist sends the segment's command, executor and pin once: an entry that
+    # names a command of its own keeps it, every other entry takes the segment's
+    start = WorkflowCommand.objects.get(workflow_id=ref.id, kind="START")
+    retry = WorkflowCommand.objects.get(workflow_id=ref.id, kind="RETRY")
+    superseded, retried = entry(ref.id, "COMMAND_SUPERSEDED"), entry(ref.id, "WORKFLOW_RETRIED")
+    assert (superseded.command_id, retried.command_id) == (start.id, retry.id)
+    for logged in (superseded, retried):
+        assert logged.executor_id == retry.claimed_by
+        assert (logged.definition_id, logged.definition_version) == ("shipment", 1)
     started_again = [r for r in rows(ref.id) if r.event_type == "DECISION"]
     assert started_again and {r.actor_id for r in started_again} == {"ops"}
 
