@@ -105,12 +105,16 @@ def test_timer_kind_is_set_exactly_when_the_kind_is_timer(kind, timer_kind):
     assert cause.diag.constraint_name == "workflow_commands_timer_kind_check"
 
 
-# Every combination the three checks of workflow_commands judge: each admitted
-# value, a wrong case, an empty string, an unknown word, and NULL where the
-# column admits it.
+# What the three checks of workflow_commands judge: each admitted value, a wrong
+# case, an empty string, an unknown word, and NULL where the column admits it.
 STATE_VALUES = [*CommandState.values, "pending", "", "PAUSED"]
 KIND_VALUES = [*CommandKind.values, "timer", "", "JOB"]
 TIMER_KIND_VALUES = [*TimerKind.values, None, "fire", "", "SOON"]
+# the state check is independent of the other two: every state with a consistent
+# kind, then every kind with every timer kind under an admitted state
+JUDGED = [(state, "START", None) for state in STATE_VALUES] + [
+    ("PENDING", kind, timer_kind) for kind in KIND_VALUES for timer_kind in TIMER_KIND_VALUES
+]
 
 
 def command_check_verdicts(conn: psycopg.Connection, schema: str | None) -> dict[tuple, str]:
@@ -123,39 +127,40 @@ def command_check_verdicts(conn: psycopg.Connection, schema: str | None) -> dict
         [instance],
     )
     verdicts = {}
-    seq = 0
-    for state in STATE_VALUES:
-        for kind in KIND_VALUES:
-            for timer_kind in TIMER_KIND_VALUES:
-                seq += 1
-                try:
-                    with conn.transaction():
-                        conn.execute(
-                            f"INSERT INTO {names['commands']} (workflow_id, seq, kind, state, "
-                            "timer_kind) VALUES (%s, %s, %s, %s, %s)",
-                            [instance, seq, kind, state, timer_kind],
-                        )
-                    verdicts[(state, kind, timer_kind)] = "ok"
-                except psycopg.errors.CheckViolation as refused:
-                    verdicts[(state, kind, timer_kind)] = refused.diag.constraint_name
+    for seq, (state, kind, timer_kind) in enumerate(JUDGED, start=1):
+        try:
+            with conn.transaction():
+                conn.execute(
+                    f"INSERT INTO {names['commands']} (workflow_id, seq, kind, state, "
+                    "timer_kind) VALUES (%s, %s, %s, %s, %s)",
+                    [instance, seq, kind, state, timer_kind],
+                )
+            verdicts[(state, kind, timer_kind)] = "ok"
+        except psycopg.errors.CheckViolation as refused:
+            verdicts[(state, kind, timer_kind)] = refused.diag.constraint_name
     conn.execute(f"DELETE FROM {names['instances']} WHERE id = %s", [instance])
     return verdicts
 
 
 @pytest.mark.parametrize("schema", [None, "workflow_data"], ids=["unqualified", "named-schema"])
-def test_0006_command_checks_judge_every_row_as_djangos_spelling_did(scratch_database, schema):
-    """0006 respells the checks of workflow_commands as constants: same verdicts, same names.
-
-    Reversing it restores Django's rendering of the model's conditions exactly.
-    """
+def test_0006_and_0007_tune_the_command_log_and_reverse(scratch_database, schema):
+    """0006 respells the checks of workflow_commands as constants: same verdicts, same names;
+    reversing it restores Django's rendering of the model's conditions exactly. 0007 sets the
+    command log's analyze threshold and reverses to the server's defaults."""
     run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
     with connect(scratch_database) as conn:
         as_constants = command_check_verdicts(conn, schema)
+        # 0007: the command log is analyzed after 200 changed rows (docs/performance.md)
+        assert command_log_options(conn, schema) == {
+            "autovacuum_analyze_scale_factor=0",
+            "autovacuum_analyze_threshold=200",
+        }
     run_manage(
         "migrate", "vertique_workflow", "0005", "-v", "0", dbname=scratch_database, schema=schema
     )
     with connect(scratch_database) as conn:
         as_django_renders = command_check_verdicts(conn, schema)
+        assert command_log_options(conn, schema) == set()  # 0007 reversed
         reversed_checks = {
             name: definition
             for name, definition in describe(conn, schema or "public")["tables"][
@@ -173,9 +178,10 @@ def test_0006_command_checks_judge_every_row_as_djangos_spelling_did(scratch_dat
     admitted = {row for row, verdict in as_constants.items() if verdict == "ok"}
     assert admitted == {
         (state, kind, timer_kind)
-        for state in CommandState.values
-        for kind in CommandKind.values
-        for timer_kind in (TimerKind.values if kind == "TIMER" else [None])
+        for state, kind, timer_kind in JUDGED
+        if state in CommandState.values
+        and kind in CommandKind.values
+        and (timer_kind in TimerKind.values if kind == "TIMER" else timer_kind is None)
     }
     assert reversed_checks == DJANGO_RENDERED_CHECKS
     run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
@@ -207,3 +213,12 @@ DJANGO_RENDERED_CHECKS = {
         "((NOT ((kind)::text = 'TIMER'::text)) AND (timer_kind IS NULL))))"
     ),
 }
+
+
+def command_log_options(conn: psycopg.Connection, schema: str | None) -> set[str]:
+    row = conn.execute(
+        "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = %s AND n.nspname = %s",
+        [tables.COMMANDS, schema or "public"],
+    ).fetchone()
+    return set(row[0] or [])
