@@ -6,7 +6,7 @@ PostgreSQL stores as an ``ARRAY['PENDING'::varchar, ...]::text[]``
 expression: eleven constants and a coercion that PostgreSQL reads back from
 its text form, constant-folds and compiles again on every statement that
 writes a command (a claim, a segment's settlement, a recording). Measured
-with callgrind on a one-thread drain, that was about a ninth of the backend's
+with callgrind on a one-thread drain, that was about an eighth of the backend's
 instructions. Spelled ``state::text = ANY ('{PENDING,...}'::text[])`` the
 array is one constant: less to read, nothing to fold.
 

@@ -20,7 +20,9 @@ HISTORY_COLUMNS = (
     "actor_id, actor_reason, on_behalf_of, attribution_status"
 )
 
-HISTORY_RECORDSET = (
+# An entry's own record (SHARED_HISTORY_SELECTED reads no more); HISTORY_RECORDSET
+# adds the fallback actor each record carries for HISTORY_SELECTED.
+ENTRY_RECORDSET = (
     "event_type text, payload_json jsonb, step_id text, outcome text, patch_json jsonb, "
     "entry_version smallint, state_version_before bigint, state_version_after bigint, "
     "executor_id text, command_id bigint, definition_scope_key text, definition_id text, "
@@ -35,13 +37,15 @@ ACTOR_COLUMNS = ("actor_kind", "actor_id", "actor_reason", "on_behalf_of", "attr
 # and pin): the persist sends them once, as parameters ``%(shared_<column>)s``,
 # instead of in each entry's record (``SHARED_HISTORY_SELECTED``). PostgreSQL
 # parses the entries' JSON on every persist, and these values were most of it.
-SHARED_COLUMNS = (
-    "executor_id",
-    "command_id",
-    "definition_scope_key",
-    "definition_id",
-    "definition_version",
-    "plan_hash",
+SHARED_COLUMNS = frozenset(
+    (
+        "executor_id",
+        "command_id",
+        "definition_scope_key",
+        "definition_id",
+        "definition_version",
+        "plan_hash",
+    )
 )
 
 
@@ -74,7 +78,9 @@ HISTORY_SELECTED = ", ".join(_selected(column) for column in HISTORY_COLUMNS.spl
 SHARED_HISTORY_SELECTED = ", ".join(
     _selected(column, shared=True) for column in HISTORY_COLUMNS.split(", ")
 )
-HISTORY_RECORDSET += ", " + ", ".join(f"fb_{column} text" for column in ACTOR_COLUMNS)
+HISTORY_RECORDSET = (
+    ENTRY_RECORDSET + ", " + ", ".join(f"fb_{column} text" for column in ACTOR_COLUMNS)
+)
 
 
 def named_command_join(workflow_param: str, *, shared: bool = False) -> str:

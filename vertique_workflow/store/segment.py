@@ -23,8 +23,8 @@ from .commands import FencedCommand, actor_from_row, execution_lock_sql
 from .eligibility import at_head
 from .history import (
     ACTOR_COLUMNS,
+    ENTRY_RECORDSET,
     HISTORY_COLUMNS,
-    HISTORY_RECORDSET,
     SHARED_COLUMNS,
     SHARED_HISTORY_SELECTED,
     named_command_join,
@@ -76,7 +76,7 @@ WITH inst AS (
     SELECT %(wf)s, base.s + e.ord, {SHARED_HISTORY_SELECTED}
     FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]}
           WHERE workflow_id = %(wf)s) base
-    CROSS JOIN jsonb_to_recordset(%(entries)s::jsonb) AS e({HISTORY_RECORDSET})
+    CROSS JOIN jsonb_to_recordset(%(entries)s::jsonb) AS e({ENTRY_RECORDSET})
     {named_command_join("%(wf)s", shared=True)}
     WHERE EXISTS (SELECT 1 FROM inst)
     RETURNING 1
@@ -202,7 +202,7 @@ def persist(
     whose settlement lowers its instance's open-signal count (False only when
     its kind is known to be another).
     """
-    unknown = common.keys() - set(SHARED_COLUMNS)
+    unknown = common.keys() - SHARED_COLUMNS
     if unknown:
         raise ValueError(f"history columns the persist does not share: {sorted(unknown)}")
     rows = [
