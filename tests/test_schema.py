@@ -143,10 +143,12 @@ def command_check_verdicts(conn: psycopg.Connection, schema: str | None) -> dict
 
 
 @pytest.mark.parametrize("schema", [None, "workflow_data"], ids=["unqualified", "named-schema"])
-def test_0006_and_0007_tune_the_command_log_and_reverse(scratch_database, schema):
+def test_0006_to_0008_tune_the_command_log_and_reverse(scratch_database, schema):
     """0006 respells the checks of workflow_commands as constants: same verdicts, same names;
     reversing it restores Django's rendering of the model's conditions exactly. 0007 sets the
-    command log's analyze threshold and reverses to the server's defaults."""
+    command log's analyze threshold and reverses to the server's defaults. 0008 removes the
+    statistics of the command's state, collected before it, keeps ANALYZE from collecting
+    them again, and reverses to the default statistics target."""
     run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
     with connect(scratch_database) as conn:
         as_constants = command_check_verdicts(conn, schema)
@@ -155,12 +157,16 @@ def test_0006_and_0007_tune_the_command_log_and_reverse(scratch_database, schema
             "autovacuum_analyze_scale_factor=0",
             "autovacuum_analyze_threshold=200",
         }
+        assert state_statistics_target(conn, schema) == 0
+        fresh_trigger_comments = trigger_comments(conn, schema)
+        assert len(fresh_trigger_comments) == 1  # django-pgtrigger's hash of the notify trigger
     run_manage(
         "migrate", "vertique_workflow", "0005", "-v", "0", dbname=scratch_database, schema=schema
     )
     with connect(scratch_database) as conn:
         as_django_renders = command_check_verdicts(conn, schema)
         assert command_log_options(conn, schema) == set()  # 0007 reversed
+        assert state_statistics_target(conn, schema) in (-1, None)  # 0008 reversed (17+: NULL)
         reversed_checks = {
             name: definition
             for name, definition in describe(conn, schema or "public")["tables"][
@@ -184,9 +190,17 @@ def test_0006_and_0007_tune_the_command_log_and_reverse(scratch_database, schema
         and (timer_kind in TimerKind.values if kind == "TIMER" else timer_kind is None)
     }
     assert reversed_checks == DJANGO_RENDERED_CHECKS
+    with connect(scratch_database) as conn:
+        # an installation whose command log was analyzed before 0008
+        assert len(analyzed_state_statistics(conn, schema)) == 1
     run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
     with connect(scratch_database) as conn:
+        assert state_statistics(conn, schema) == []
+        assert state_statistics_target(conn, schema) == 0
+        assert analyzed_state_statistics(conn, schema) == []  # ANALYZE collects none again
+        # the notify trigger was installed again exactly (definition, comment)
         assert describe(conn, schema or "public")["tables"] == EXPECTED["tables"]
+        assert trigger_comments(conn, schema) == fresh_trigger_comments
 
 
 # Django's rendering of the model's conditions, as 0003 created them.
@@ -213,6 +227,51 @@ DJANGO_RENDERED_CHECKS = {
         "((NOT ((kind)::text = 'TIMER'::text)) AND (timer_kind IS NULL))))"
     ),
 }
+
+
+def state_statistics_target(conn: psycopg.Connection, schema: str | None) -> int | None:
+    return conn.execute(
+        "SELECT attstattarget FROM pg_attribute WHERE attrelid = %s::regclass "
+        "AND attname = 'state'",
+        [tables.sql_names(schema)["commands"]],
+    ).fetchone()[0]
+
+
+def state_statistics(conn: psycopg.Connection, schema: str | None) -> list[tuple]:
+    return conn.execute(
+        "SELECT most_common_vals::text FROM pg_stats WHERE schemaname = %s "
+        "AND tablename = %s AND attname = 'state'",
+        [schema or "public", tables.COMMANDS],
+    ).fetchall()
+
+
+def analyzed_state_statistics(conn: psycopg.Connection, schema: str | None) -> list[tuple]:
+    """The state's statistics (its most common values) after ANALYZE of three commands."""
+    names = tables.sql_names(schema)
+    instance = uuid.uuid4()
+    conn.execute(
+        f"INSERT INTO {names['instances']} (id, definition_id, definition_version, plan_hash, "
+        "status) VALUES (%s, 'd', 1, 'h', 'RUNNING')",
+        [instance],
+    )
+    conn.execute(
+        f"INSERT INTO {names['commands']} (workflow_id, seq, kind, state) VALUES "
+        "(%(wf)s, 1, 'START', 'COMPLETE'), (%(wf)s, 2, 'SIGNAL', 'COMPLETE'), "
+        "(%(wf)s, 3, 'SIGNAL', 'PENDING')",
+        {"wf": instance},
+    )
+    conn.execute(f"ANALYZE {names['commands']}")
+    statistics = state_statistics(conn, schema)
+    conn.execute(f"DELETE FROM {names['instances']} WHERE id = %s", [instance])
+    return statistics
+
+
+def trigger_comments(conn: psycopg.Connection, schema: str | None) -> list[tuple]:
+    return conn.execute(
+        "SELECT tgname, obj_description(oid, 'pg_trigger') FROM pg_trigger "
+        "WHERE tgrelid = %s::regclass AND NOT tgisinternal",
+        [tables.sql_names(schema)["commands"]],
+    ).fetchall()
 
 
 def command_log_options(conn: psycopg.Connection, schema: str | None) -> set[str]:

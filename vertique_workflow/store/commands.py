@@ -107,15 +107,26 @@ LIMIT %s
 # commits synchronously, and WAL is flushed in order, so a durable segment
 # implies a durable claim. A claim lost in a crash is a claim never made: the
 # command is PENDING again with its attempt unspent.
+#
+# The instance is read per candidate, by its primary key, in a LATERAL subquery
+# that PostgreSQL cannot flatten (OFFSET 0): the plan always walks the active
+# commands in availability order and stops at the first runnable head. Joined
+# plainly, statistics of workflow_instances taken while every instance had ended
+# made the planner start from the instances of the pinned definitions and sort
+# every candidate on each claim (docs/performance.md, "Statistics of the active
+# commands").
 _CLAIM_NEXT_CTES = f"""
 async_commit AS (SELECT set_config('synchronous_commit', 'off', true) AS setting),
 cand AS (
     SELECT c.id, c.workflow_id,
            ARRAY[i.definition_id, i.definition_version::text, i.plan_hash,
                  i.definition_scope_key] AS claimed_pin
-    FROM async_commit, {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
+    FROM async_commit, {T["commands"]} c
+    CROSS JOIN LATERAL (
+        SELECT li.definition_id, li.definition_version, li.plan_hash, li.definition_scope_key
+        FROM {T["instances"]} li WHERE li.id = c.workflow_id AND li.status NOT IN {ENDED}
+        OFFSET 0) i
     WHERE {claimable("c")}
-      AND i.status NOT IN {ENDED}
       AND c.attempts < %(max_attempts)s
       AND c.kind = ANY(ARRAY(SELECT jsonb_array_elements_text(%(kinds)s::jsonb)))
       AND NOT (c.kind = 'RETRY' AND COALESCE(c.target_json ? 'branchId', FALSE))
