@@ -117,15 +117,21 @@ JUDGED = [(state, "START", None) for state in STATE_VALUES] + [
 ]
 
 
+def insert_instance(conn: psycopg.Connection, schema: str | None) -> uuid.UUID:
+    """A PENDING instance to hang commands on (deleting it deletes them)."""
+    instance = uuid.uuid4()
+    conn.execute(
+        f"INSERT INTO {tables.sql_names(schema)['instances']} (id, definition_id, "
+        "definition_version, plan_hash, status) VALUES (%s, 'd', 1, 'h', 'PENDING')",
+        [instance],
+    )
+    return instance
+
+
 def command_check_verdicts(conn: psycopg.Connection, schema: str | None) -> dict[tuple, str]:
     """Each (state, kind, timer_kind): "ok" or the name of the check that refused it."""
     names = tables.sql_names(schema)
-    instance = uuid.uuid4()
-    conn.execute(
-        f"INSERT INTO {names['instances']} (id, definition_id, definition_version, plan_hash, "
-        "status) VALUES (%s, 'd', 1, 'h', 'PENDING')",
-        [instance],
-    )
+    instance = insert_instance(conn, schema)
     verdicts = {}
     for seq, (state, kind, timer_kind) in enumerate(JUDGED, start=1):
         try:
@@ -248,12 +254,7 @@ def state_statistics(conn: psycopg.Connection, schema: str | None) -> list[tuple
 def analyzed_state_statistics(conn: psycopg.Connection, schema: str | None) -> list[tuple]:
     """The state's statistics (its most common values) after ANALYZE of three commands."""
     names = tables.sql_names(schema)
-    instance = uuid.uuid4()
-    conn.execute(
-        f"INSERT INTO {names['instances']} (id, definition_id, definition_version, plan_hash, "
-        "status) VALUES (%s, 'd', 1, 'h', 'RUNNING')",
-        [instance],
-    )
+    instance = insert_instance(conn, schema)
     conn.execute(
         f"INSERT INTO {names['commands']} (workflow_id, seq, kind, state) VALUES "
         "(%(wf)s, 1, 'START', 'COMPLETE'), (%(wf)s, 2, 'SIGNAL', 'COMPLETE'), "
