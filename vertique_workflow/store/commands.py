@@ -106,7 +106,14 @@ LIMIT %s
 # flush, because nothing acts on a claim before the segment that follows it
 # commits synchronously, and WAL is flushed in order, so a durable segment
 # implies a durable claim. A claim lost in a crash is a claim never made: the
-# command is PENDING again with its attempt unspent.
+# command is PENDING again with its attempt unspent. The setting is made by the
+# update's first condition, once a candidate is row-locked (a statement that
+# locks nothing writes nothing to wait for).
+#
+# The kinds and the resident pins are tested as scalar jsonb conditions
+# (``?`` and ``@>``) on the rows the walk reaches: no sub-plan, hash or
+# function scan to set up on each execution (every node of a generic plan is
+# initialised each time it runs, whether it reads a row or not).
 #
 # The instance is read per candidate, by its primary key, in a LATERAL subquery
 # that PostgreSQL cannot flatten (OFFSET 0): the plan always walks the active
@@ -116,23 +123,22 @@ LIMIT %s
 # every candidate on each claim (docs/performance.md, "Statistics of the active
 # commands").
 _CLAIM_NEXT_CTES = f"""
-async_commit AS (SELECT set_config('synchronous_commit', 'off', true) AS setting),
 cand AS (
     SELECT c.id, c.workflow_id,
            ARRAY[i.definition_id, i.definition_version::text, i.plan_hash,
                  i.definition_scope_key] AS claimed_pin
-    FROM async_commit, {T["commands"]} c
+    FROM {T["commands"]} c
     CROSS JOIN LATERAL (
         SELECT li.definition_id, li.definition_version, li.plan_hash, li.definition_scope_key
         FROM {T["instances"]} li WHERE li.id = c.workflow_id AND li.status NOT IN {ENDED}
         OFFSET 0) i
     WHERE {claimable("c")}
       AND c.attempts < %(max_attempts)s
-      AND c.kind = ANY(ARRAY(SELECT jsonb_array_elements_text(%(kinds)s::jsonb)))
+      AND %(kinds)s::jsonb ? c.kind
       AND NOT (c.kind = 'RETRY' AND COALESCE(c.target_json ? 'branchId', FALSE))
-      AND (i.definition_scope_key, i.definition_id, i.definition_version) IN (
-          SELECT pin ->> 0, pin ->> 1, (pin ->> 2)::int
-          FROM jsonb_array_elements(%(resident)s::jsonb) AS pin)
+      AND %(resident)s::jsonb @> jsonb_build_array(jsonb_build_object(
+          'scope', i.definition_scope_key, 'id', i.definition_id,
+          'version', i.definition_version))
     ORDER BY c.available_at
     LIMIT 1
     FOR UPDATE OF c SKIP LOCKED
@@ -143,6 +149,7 @@ SET state = 'CLAIMED', attempts = c.attempts + 1, claim_token = gen_random_uuid(
     lease_until = now() + make_interval(secs => %(lease)s), claimed_by = %(node)s
 FROM cand
 WHERE c.id = cand.id
+  AND set_config('synchronous_commit', 'off', true) IS NOT NULL
   AND pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(cand.workflow_id::text))
 RETURNING c.id, c.workflow_id, c.seq, c.kind, c.claim_token, c.attempts, cand.claimed_pin
 """
@@ -756,7 +763,9 @@ def _claim_next_params(
     # parameters cost more Python than the rest of the claim's parameters together
     return {
         "max_attempts": max_attempts,
-        "resident": json.dumps(resident),
+        "resident": json.dumps(
+            [{"scope": scope, "id": id_, "version": version} for scope, id_, version in resident]
+        ),
         "kinds": json.dumps(kinds),
         "lease": lease_seconds,
         "node": node_id,
