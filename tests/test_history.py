@@ -9,6 +9,7 @@ from django.test import override_settings
 import vertique_workflow as wf
 from tests.flows.workflows import Billing, Gate
 from vertique_workflow import tables
+from vertique_workflow.engine.decision_log import HistoryEntry
 from vertique_workflow.models import WorkflowCommand, WorkflowHistory, WorkflowInstance
 from vertique_workflow.store import history
 from vertique_workflow.testing import run_until_idle
@@ -323,3 +324,56 @@ def test_an_oversized_patch_is_logged_as_a_baseline_and_replay_still_holds():
     small = [r for r in log if r.event_type == "DECISION" and r.patch_json == []]
     assert small, "unchanged decisions keep their empty patch"
     assert wf.state_at(ref.id, log[-1].sequence) == live
+
+
+# -- the persist's positional entries --------------------------------------------
+
+
+def test_fields_a_segment_leaves_out_are_stored_as_sql_null():
+    """The persist sends each entry as a JSON array (``history.entry_array``): a field the
+    entry does not set reaches the table as NULL, never as a JSON ``null``."""
+    ref = wf.start("order", {"amount": 5}, idempotency_key="k-null")
+    run_until_idle()
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT event_type, patch_json IS NULL, jsonb_typeof(patch_json), step_id IS NULL, "
+            f"outcome IS NULL, state_version_before IS NULL, jsonb_typeof(payload_json), "
+            f"command_id IS NOT NULL, executor_id IS NOT NULL, definition_id "
+            f"FROM {HISTORY} WHERE workflow_id = %s ORDER BY sequence",
+            [ref.id],
+        )
+        stored = {row[0]: row[1:] for row in cur.fetchall()}
+    # an entry with no patch, step, outcome or versions: NULL in each
+    assert stored["WORKFLOW_STARTED"] == (
+        True,
+        None,
+        True,
+        True,
+        True,
+        "object",
+        True,
+        True,
+        "order",
+    )
+    # a decision carries its patch as a JSON array, and the segment's shared columns
+    assert stored["DECISION"][:2] == (False, "array")
+    assert stored["DECISION"][6:] == (True, True, "order")
+
+
+def test_an_entry_field_the_history_has_no_column_for_is_refused():
+    entry = HistoryEntry("COMMAND_SUPERSEDED", {"commandId": 5}, extra={"comand_id": 5})
+    with pytest.raises(ValueError, match="comand_id"):
+        history.entry_array(entry, 1)
+    named = HistoryEntry("COMMAND_SUPERSEDED", {"commandId": 5}, extra={"command_id": 5})
+    assert history.entry_array(named, 2) == [
+        2,
+        "COMMAND_SUPERSEDED",
+        {"commandId": 5},
+        None,
+        None,
+        None,
+        1,
+        None,
+        None,
+        5,
+    ]

@@ -20,14 +20,54 @@ HISTORY_COLUMNS = (
     "actor_id, actor_reason, on_behalf_of, attribution_status"
 )
 
-# An entry's own record (SHARED_HISTORY_SELECTED reads no more); HISTORY_RECORDSET
-# adds the fallback actor each record carries for HISTORY_SELECTED.
-ENTRY_RECORDSET = (
-    "event_type text, payload_json jsonb, step_id text, outcome text, patch_json jsonb, "
-    "entry_version smallint, state_version_before bigint, state_version_after bigint, "
-    "executor_id text, command_id bigint, definition_scope_key text, definition_id text, "
-    "definition_version int, plan_hash text, actor_kind text, actor_id text, actor_reason text, "
-    "on_behalf_of text, attribution_status text, ord int"
+# An entry's own record: its position and fields, then its own values of shared
+# columns and its actor (set by few entries, so last). HISTORY_RECORDSET adds the
+# fallback actor each record carries for HISTORY_SELECTED.
+_OWN_FIELDS = (
+    ("ord", "int"),
+    ("event_type", "text"),
+    ("payload_json", "jsonb"),
+    ("step_id", "text"),
+    ("outcome", "text"),
+    ("patch_json", "jsonb"),
+    ("entry_version", "smallint"),
+    ("state_version_before", "bigint"),
+    ("state_version_after", "bigint"),
+)
+_EXTRA_FIELDS = (
+    ("command_id", "bigint"),
+    ("executor_id", "text"),
+    ("definition_scope_key", "text"),
+    ("definition_id", "text"),
+    ("definition_version", "int"),
+    ("plan_hash", "text"),
+    ("actor_kind", "text"),
+    ("actor_id", "text"),
+    ("actor_reason", "text"),
+    ("on_behalf_of", "text"),
+    ("attribution_status", "text"),
+)
+ENTRY_FIELDS = _OWN_FIELDS + _EXTRA_FIELDS
+ENTRY_RECORDSET = ", ".join(f"{name} {sql_type}" for name, sql_type in ENTRY_FIELDS)
+
+
+def _positional(index: int, name: str, sql_type: str) -> str:
+    """Field ``index`` of an entry's array, typed; JSON null (or no such field) is NULL."""
+    if sql_type == "jsonb":
+        return f"NULLIF(r.entry -> {index}, 'null') AS {name}"
+    if sql_type == "text":
+        return f"r.entry ->> {index} AS {name}"
+    return f"(r.entry ->> {index})::{sql_type} AS {name}"
+
+
+# The segment's persist reads its entries as one JSON array per entry, fields in
+# ENTRY_FIELDS order and trailing nulls left out (``entry_array``): PostgreSQL
+# parses the entries' JSON on every persist, and without a key per field it has
+# about half the text to read (1,473 -> 743 bytes for a 3-action segment).
+ENTRY_ARRAYS = (
+    "(SELECT "
+    + ", ".join(_positional(i, name, sql_type) for i, (name, sql_type) in enumerate(ENTRY_FIELDS))
+    + " FROM jsonb_array_elements(%(entries)s::jsonb) AS r(entry))"
 )
 
 ACTOR_COLUMNS = ("actor_kind", "actor_id", "actor_reason", "on_behalf_of", "attribution_status")
@@ -194,16 +234,38 @@ def entry_row(
     return row
 
 
-def shared_entry_row(entry: HistoryEntry) -> dict[str, Any]:
-    """One entry's recordset row for ``SHARED_HISTORY_SELECTED``: its own fields only.
+def entry_array(entry: HistoryEntry, ord: int) -> list[Any]:
+    """One entry as :data:`ENTRY_ARRAYS` reads it: its fields in ``ENTRY_FIELDS`` order.
 
-    Keys whose value is None are left out (the recordset reads a missing key
-    as NULL, as it reads null), so an entry's ``extra`` overrides a shared
-    column with a value, never with None.
+    Trailing None values are left out (a missing field reads as NULL, as null
+    does), so an entry's ``extra`` overrides a shared column with a value,
+    never with None. An ``extra`` naming no field of the table is refused.
     """
-    row = _fields(entry)
-    row.update(entry.extra)
-    return {key: value for key, value in row.items() if value is not None}
+    values = [
+        ord,
+        entry.event_type,
+        entry.payload,
+        entry.step_id,
+        entry.outcome,
+        entry.patch_json,
+        entry.entry_version,
+        entry.state_version_before,
+        entry.state_version_after,
+    ]
+    if entry.extra:
+        values.extend([None] * len(_EXTRA_FIELDS))
+        for name, value in entry.extra.items():
+            position = _EXTRA_POSITIONS.get(name)
+            if position is None:
+                raise ValueError(f"a history entry cannot carry {name!r}")
+            values[position] = value
+    while values[-1] is None:
+        values.pop()
+    return values
+
+
+# where an entry's extra fields go in its array, after its position and own fields
+_EXTRA_POSITIONS = {name: len(_OWN_FIELDS) + i for i, (name, _) in enumerate(_EXTRA_FIELDS)}
 
 
 def _fields(entry: HistoryEntry) -> dict[str, Any]:

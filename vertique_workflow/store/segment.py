@@ -23,12 +23,12 @@ from .commands import FencedCommand, actor_from_row, execution_lock_sql
 from .eligibility import at_head
 from .history import (
     ACTOR_COLUMNS,
-    ENTRY_RECORDSET,
+    ENTRY_ARRAYS,
     HISTORY_COLUMNS,
     SHARED_COLUMNS,
     SHARED_HISTORY_SELECTED,
+    entry_array,
     named_command_join,
-    shared_entry_row,
 )
 from .instances import InstanceRow, row_from_values
 
@@ -76,7 +76,7 @@ WITH inst AS (
     SELECT %(wf)s, base.s + e.ord, {SHARED_HISTORY_SELECTED}
     FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]}
           WHERE workflow_id = %(wf)s) base
-    CROSS JOIN jsonb_to_recordset(%(entries)s::jsonb) AS e({ENTRY_RECORDSET})
+    CROSS JOIN {ENTRY_ARRAYS} AS e
     {named_command_join("%(wf)s", shared=True)}
     WHERE EXISTS (SELECT 1 FROM inst)
 ), done AS (
@@ -208,9 +208,7 @@ def persist(
     unknown = common.keys() - SHARED_COLUMNS
     if unknown:
         raise ValueError(f"history columns the persist does not share: {sorted(unknown)}")
-    rows = [
-        dict(shared_entry_row(entry), ord=index) for index, entry in enumerate(entries, start=1)
-    ]
+    rows = [entry_array(entry, index) for index, entry in enumerate(entries, start=1)]
     result = db.fetchone_prepared(
         PERSIST_SIGNAL if signal else PERSIST,
         {
