@@ -63,7 +63,7 @@ def _positional(index: int, name: str, sql_type: str) -> str:
 # The segment's persist reads its entries as one JSON array per entry, fields in
 # ENTRY_FIELDS order and trailing nulls left out (``entry_array``): PostgreSQL
 # parses the entries' JSON on every persist, and without a key per field it has
-# about half the text to read (1,473 -> 743 bytes for a 3-action segment).
+# about half the text to read (1,473 -> 719 bytes for a 3-action segment).
 ENTRY_ARRAYS = (
     "(SELECT "
     + ", ".join(_positional(i, name, sql_type) for i, (name, sql_type) in enumerate(ENTRY_FIELDS))
