@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,17 +24,17 @@ HISTORY_COLUMNS = (
 # An entry's own record: its position and fields, then its own values of shared
 # columns and its actor (set by few entries, so last). HISTORY_RECORDSET adds the
 # fallback actor each record carries for HISTORY_SELECTED.
-_OWN_FIELDS = (
-    ("ord", "int"),
-    ("event_type", "text"),
-    ("payload_json", "jsonb"),
-    ("step_id", "text"),
-    ("outcome", "text"),
-    ("patch_json", "jsonb"),
-    ("entry_version", "smallint"),
-    ("state_version_before", "bigint"),
-    ("state_version_after", "bigint"),
+_OWN_FIELDS = (  # (column, SQL type, HistoryEntry attribute)
+    ("event_type", "text", "event_type"),
+    ("payload_json", "jsonb", "payload"),
+    ("step_id", "text", "step_id"),
+    ("outcome", "text", "outcome"),
+    ("patch_json", "jsonb", "patch_json"),
+    ("entry_version", "smallint", "entry_version"),
+    ("state_version_before", "bigint", "state_version_before"),
+    ("state_version_after", "bigint", "state_version_after"),
 )
+_own_values = operator.attrgetter(*(attribute for _, _, attribute in _OWN_FIELDS))
 _EXTRA_FIELDS = (
     ("command_id", "bigint"),
     ("executor_id", "text"),
@@ -47,7 +48,11 @@ _EXTRA_FIELDS = (
     ("on_behalf_of", "text"),
     ("attribution_status", "text"),
 )
-ENTRY_FIELDS = _OWN_FIELDS + _EXTRA_FIELDS
+ENTRY_FIELDS = (
+    ("ord", "int"),
+    *((column, sql_type) for column, sql_type, _ in _OWN_FIELDS),
+    *_EXTRA_FIELDS,
+)
 ENTRY_RECORDSET = ", ".join(f"{name} {sql_type}" for name, sql_type in ENTRY_FIELDS)
 
 
@@ -241,17 +246,7 @@ def entry_array(entry: HistoryEntry, ord: int) -> list[Any]:
     does), so an entry's ``extra`` overrides a shared column with a value,
     never with None. An ``extra`` naming no field of the table is refused.
     """
-    values = [
-        ord,
-        entry.event_type,
-        entry.payload,
-        entry.step_id,
-        entry.outcome,
-        entry.patch_json,
-        entry.entry_version,
-        entry.state_version_before,
-        entry.state_version_after,
-    ]
+    values = [ord, *_own_values(entry)]
     if entry.extra:
         values.extend([None] * len(_EXTRA_FIELDS))
         for name, value in entry.extra.items():
@@ -265,20 +260,16 @@ def entry_array(entry: HistoryEntry, ord: int) -> list[Any]:
 
 
 # where an entry's extra fields go in its array, after its position and own fields
-_EXTRA_POSITIONS = {name: len(_OWN_FIELDS) + i for i, (name, _) in enumerate(_EXTRA_FIELDS)}
+_EXTRA_POSITIONS = {
+    name: position for position, (name, _) in enumerate(ENTRY_FIELDS) if position > len(_OWN_FIELDS)
+}
+
+
+_OWN_COLUMNS = tuple(column for column, _, _ in _OWN_FIELDS)
 
 
 def _fields(entry: HistoryEntry) -> dict[str, Any]:
-    return {
-        "event_type": entry.event_type,
-        "payload_json": entry.payload,
-        "step_id": entry.step_id,
-        "outcome": entry.outcome,
-        "patch_json": entry.patch_json,
-        "entry_version": entry.entry_version,
-        "state_version_before": entry.state_version_before,
-        "state_version_after": entry.state_version_after,
-    }
+    return dict(zip(_OWN_COLUMNS, _own_values(entry), strict=True))
 
 
 def append(
