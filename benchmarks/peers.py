@@ -24,7 +24,11 @@ minute of the shared machine lands on all of them), it measures:
 - ``wf.start()`` one per transaction vs Procrastinate's ``defer`` one at a time;
 - latency from the commit's return: ``wf.start()`` returned -> the first action
   runs (an idle executor), ``defer`` returned -> the job starts (an idle
-  worker), DBOS ``start_workflow`` returned -> first step runs.
+  worker), DBOS ``start_workflow`` returned -> first step runs;
+- once per run, what a synchronous commit costs one client of this server by
+  the WAL it flushes (``executor_benchmark.commit_wait``), printed with the WAL
+  and commits per unit of the one-thread drains: a one-thread drain waits for
+  each of its commits, and on some machines that wait grows with the WAL.
 
 The medians over the repetitions are printed with each ratio ours / peer.
 The figures need the ``bench`` extra (``pip install -e ".[bench]"``); a peer
@@ -44,7 +48,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +59,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
 import psycopg  # noqa: E402
 
-from benchmarks.executor_benchmark import admin_url, commit_rate, manage, url_for  # noqa: E402
+from benchmarks.executor_benchmark import (  # noqa: E402
+    CommitWait,
+    admin_url,
+    commit_rate,
+    commit_wait,
+    manage,
+    url_for,
+)
 
 TICKS = os.sysconf("SC_CLK_TCK")
 # Units each system runs before the figures (so no drain starts on empty tables).
@@ -503,7 +514,7 @@ def fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}{unit}"
 
 
-def report(results: Results, limit: float) -> None:
+def report(results: Results, limit: float, waits: Sequence[CommitWait] = ()) -> None:
     m = results.median
     print("\n## medians over the repetitions\n")
     for name in sorted(results.figures):
@@ -613,6 +624,36 @@ def report(results: Results, limit: float) -> None:
     print("| figure | ours | peer | ratio | per repetition |\n|---|---|---|---|---|")
     for figure, ours, peer, r, spread in rows:
         print(f"| {figure} | {ours} | {peer} | {r} | {spread} |")
+    commit_waits(results, waits)
+
+
+def commit_waits(results: Results, waits: Sequence[CommitWait]) -> None:
+    """The server's synchronous-commit price by WAL per commit, and the one-thread drains' WAL.
+
+    One thread's drain waits for every commit it makes, so this is the part of the
+    1x1 figures that belongs to the machine's disk rather than to either system.
+    """
+    if not waits:
+        return
+    print(
+        "\nsynchronous commit of this server, one client, autocommit INSERT (medians):\n\n"
+        "| WAL per commit | commit, synchronous | commit, asynchronous | flush wait |\n"
+        "|---|---|---|---|"
+    )
+    for wait in waits:
+        print(
+            f"| {wait.wal_bytes:,.0f} B | {wait.sync_us:,.0f} µs | {wait.async_us:,.0f} µs "
+            f"| {wait.wait_us:,.0f} µs |"
+        )
+    m = results.median
+    print(
+        "\nWAL and commits per unit of the one-thread drains: "
+        f"ours {fmt(m('ours 3-action 1x1', 'wal_bytes'), ' B', 0)} in "
+        f"{fmt(m('ours 3-action 1x1', 'commits'), '', 2)} commits (the claim's commit does "
+        "not wait for its flush: the segment's commit flushes both), Procrastinate "
+        f"{fmt(m('procrastinate C=1', 'wal_bytes'), ' B', 0)} in "
+        f"{fmt(m('procrastinate C=1', 'commits'), '', 2)} commits"
+    )
 
 
 def main() -> None:
@@ -634,6 +675,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         ours = Ours(stack.enter_context(database("vw")))
         limit = commit_rate(ours.url)
+        waits = commit_wait(ours.url)
         peers_present = {
             "procrastinate": installed("procrastinate") and "procrastinate" not in skip,
             "dbos": installed("dbos") and "dbos" not in skip,
@@ -686,7 +728,7 @@ def main() -> None:
                     else {k: round(v, 2) for k, v in value.items()}
                 )
                 print(f"   {name}: {shown}", flush=True)
-        report(results, limit)
+        report(results, limit, waits)
 
 
 if __name__ == "__main__":

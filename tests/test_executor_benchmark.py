@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 import vertique_workflow as wf
-from benchmarks.executor_benchmark import Cell, analyze, run_order, spread
+from benchmarks.executor_benchmark import Cell, analyze, commit_wait, run_order, spread
 from tests.conftest import database_url
 from vertique_workflow import tables
 
@@ -55,3 +55,16 @@ def test_repetitions_alternate_the_order_of_the_cells() -> None:
 def test_a_cell_is_summarized_by_its_median_and_range() -> None:
     assert spread([627.0, 900.4, 572.0]) == "627/s (572 to 900)"
     assert spread([655.0]) == "655/s"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_commit_wait_measures_the_wal_each_size_writes_and_leaves_no_table(settings: Any) -> None:
+    url = database_url(settings.DATABASES["default"]["NAME"])
+    small, large = commit_wait(url, sizes=(100, 6000), commits=20, rounds=1)
+    # the WAL per commit follows the row: out-of-line incompressible text
+    assert small.wal_bytes < 1000 < 6000 < large.wal_bytes
+    assert small.sync_us > 0 and large.async_us > 0
+    assert large.wait_us == large.sync_us - large.async_us
+    with connection.cursor() as cur:
+        cur.execute("SELECT to_regclass('bench_commit_wait')")
+        assert cur.fetchone()[0] is None

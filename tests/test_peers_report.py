@@ -5,6 +5,7 @@ No database: the report is arithmetic over the figures a run collected.
 
 from __future__ import annotations
 
+from benchmarks.executor_benchmark import CommitWait
 from benchmarks.peers import Results, paired, report
 
 
@@ -33,3 +34,23 @@ def test_the_report_quotes_the_ratio_of_medians_and_the_spread_of_each_repetitio
         table
     )
     assert "job starts | 1.50 ms | n/a | n/a | n/a |" in table
+
+
+def test_the_report_prints_the_commit_wait_by_wal_and_the_one_thread_drains_wal(capsys):
+    results = Results()
+    results.add("ours 3-action 1x1", {"rate": 400.0, "wal_bytes": 5500.0, "commits": 2.04})
+    results.add("procrastinate C=1", {"rate": 450.0, "wal_bytes": 1765.0, "commits": 4.0})
+    waits = [CommitWait(104.0, 79.0, 35.0), CommitWait(6438.0, 195.0, 52.0)]
+    report(results, limit=7000.0, waits=waits)
+    out = capsys.readouterr().out
+    assert "| 104 B | 79 µs | 35 µs | 44 µs |" in out
+    assert "| 6,438 B | 195 µs | 52 µs | 143 µs |" in out
+    assert "ours 5,500 B in 2.04 commits" in out
+    assert "Procrastinate 1,765 B in 4.00 commits" in out
+
+
+def test_without_commit_waits_the_report_prints_no_commit_table(capsys):
+    results = Results()
+    results.add("ours 3-action 1x1", {"rate": 400.0})
+    report(results, limit=7000.0)
+    assert "synchronous commit of this server" not in capsys.readouterr().out
