@@ -149,15 +149,18 @@ def command_check_verdicts(conn: psycopg.Connection, schema: str | None) -> dict
 
 
 @pytest.mark.parametrize("schema", [None, "workflow_data"], ids=["unqualified", "named-schema"])
-def test_0006_to_0008_tune_the_command_log_and_reverse(scratch_database, schema):
-    """0006 respells the checks of workflow_commands as constants: same verdicts, same names;
-    reversing it restores Django's rendering of the model's conditions exactly. 0007 sets the
-    command log's analyze threshold and reverses to the server's defaults. 0008 removes the
-    statistics of the command's state, collected before it, keeps ANALYZE from collecting
-    them again, and reverses to the default statistics target."""
+def test_0006_to_0009_tune_the_command_log_and_reverse(scratch_database, schema):
+    """0006 respells the checks of workflow_commands as constants and 0009 the timer check
+    as one comparison: same verdicts, same names; reversing them restores Django's rendering
+    of the model's conditions exactly. 0007 sets the command log's analyze threshold and
+    reverses to the server's defaults. 0008 removes the statistics of the command's state,
+    collected before it, keeps ANALYZE from collecting them again, and reverses to the
+    default statistics target. 0009 turns off deduplication in the availability index and
+    reverses to PostgreSQL's default."""
     run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
     with connect(scratch_database) as conn:
         as_constants = command_check_verdicts(conn, schema)
+        assert availability_index_options(conn, schema) == {"deduplicate_items=off"}
         # 0007: the command log is analyzed after 200 changed rows (docs/performance.md)
         assert command_log_options(conn, schema) == {
             "autovacuum_analyze_scale_factor=0",
@@ -173,6 +176,7 @@ def test_0006_to_0008_tune_the_command_log_and_reverse(scratch_database, schema)
         as_django_renders = command_check_verdicts(conn, schema)
         assert command_log_options(conn, schema) == set()  # 0007 reversed
         assert state_statistics_target(conn, schema) in (-1, None)  # 0008 reversed (17+: NULL)
+        assert availability_index_options(conn, schema) == set()  # 0009 reversed
         reversed_checks = {
             name: definition
             for name, definition in describe(conn, schema or "public")["tables"][
@@ -275,10 +279,18 @@ def trigger_comments(conn: psycopg.Connection, schema: str | None) -> list[tuple
     ).fetchall()
 
 
+def availability_index_options(conn: psycopg.Connection, schema: str | None) -> set[str]:
+    return relation_options(conn, schema, "wf_cmd_active_avail_idx")
+
+
 def command_log_options(conn: psycopg.Connection, schema: str | None) -> set[str]:
+    return relation_options(conn, schema, tables.COMMANDS)
+
+
+def relation_options(conn: psycopg.Connection, schema: str | None, name: str) -> set[str]:
     row = conn.execute(
         "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.relname = %s AND n.nspname = %s",
-        [tables.COMMANDS, schema or "public"],
+        [name, schema or "public"],
     ).fetchone()
     return set(row[0] or [])
