@@ -4,8 +4,9 @@
     python scripts/with_postgres.py --pg 15 --durable -- python -m benchmarks.peers
 
 Against one PostgreSQL (fsync and synchronous_commit on), with interleaved
-repetitions (each repetition runs every scenario once, in turn, so a slow
-minute of the shared machine lands on all of them), it measures:
+repetitions (each repetition runs every scenario once, the scenarios a ratio
+compares back to back and in the opposite order every other repetition, so a
+slow minute of the shared machine lands on both sides of a ratio), it measures:
 
 - drains: our 3-action workflow and our one-wait workflow (start -> wait ->
   signal -> end) drained by real ``workflow_executor`` processes (1x1, 1x4,
@@ -656,6 +657,34 @@ def commit_waits(results: Results, waits: Sequence[CommitWait]) -> None:
     )
 
 
+# The scenarios a ratio compares run next to each other: a shared machine's speed
+# drifts over minutes, and a ratio of figures measured a minute apart measured the
+# drift too (on 6 December 2026 Procrastinate's own C=4 drain moved from 594 to 867/s
+# between the repetitions of one run). Each group's scenarios run back to back, in
+# the listed order in even repetitions and reversed in odd ones, so neither side of a
+# ratio always runs first.
+GROUPS: list[list[str]] = [
+    [
+        "ours 3-action 1x4",
+        "procrastinate C=4",
+        "dbos 3-step",
+        "ours 3-action 2x4",
+        "ours one-wait 1x4",
+    ],
+    ["ours 3-action 1x1", "procrastinate C=1"],
+    ["ours start each", "procrastinate defer each"],
+    ["ours latency", "procrastinate latency", "dbos latency"],
+]
+
+
+def run_order(groups: list[list[str]], repetition: int) -> list[str]:
+    """The scenarios of one repetition: each group back to back, reversed in odd repetitions."""
+    order: list[str] = []
+    for group in groups:
+        order.extend(reversed(group) if repetition % 2 else group)
+    return order
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--instances", type=int, default=2000, help="units per drain")
@@ -690,37 +719,43 @@ def main() -> None:
         )
         dbos = Dbos(stack.enter_context(database("dbos"))) if peers_present["dbos"] else None
         n = args.instances
-        scenarios: list[tuple[str, Callable[[], Any]]] = [
-            ("ours 3-action 1x1", lambda: ours.drain(meter, n, 1, 1, "three")),
-            ("ours 3-action 1x4", lambda: ours.drain(meter, n, 1, 4, "three")),
-            ("ours 3-action 2x4", lambda: ours.drain(meter, n, 2, 4, "three")),
-            ("ours one-wait 1x4", lambda: ours.drain(meter, n, 1, 4, "wait")),
-            ("ours start each", lambda: ours.start_each(args.starts)),
-            ("ours latency", lambda: ours.latency(args.latency_samples)),
-        ]
+        available: dict[str, Callable[[], Any]] = {
+            "ours 3-action 1x1": lambda: ours.drain(meter, n, 1, 1, "three"),
+            "ours 3-action 1x4": lambda: ours.drain(meter, n, 1, 4, "three"),
+            "ours 3-action 2x4": lambda: ours.drain(meter, n, 2, 4, "three"),
+            "ours one-wait 1x4": lambda: ours.drain(meter, n, 1, 4, "wait"),
+            "ours start each": lambda: ours.start_each(args.starts),
+            "ours latency": lambda: ours.latency(args.latency_samples),
+        }
         if proc is not None:
-            scenarios += [
-                ("procrastinate C=1", lambda: proc.drain(meter, n, 1)),
-                ("procrastinate C=4", lambda: proc.drain(meter, n, 4)),
-                ("procrastinate defer each", lambda: proc.defer_each(args.starts)),
-                ("procrastinate latency", lambda: proc.latency(args.latency_samples)),
-            ]
+            available |= {
+                "procrastinate C=1": lambda: proc.drain(meter, n, 1),
+                "procrastinate C=4": lambda: proc.drain(meter, n, 4),
+                "procrastinate defer each": lambda: proc.defer_each(args.starts),
+                "procrastinate latency": lambda: proc.latency(args.latency_samples),
+            }
         if dbos is not None:
-            scenarios += [
-                ("dbos 3-step", lambda: dbos.drain(meter, n)),
-                ("dbos latency", lambda: dbos.latency(args.latency_samples)),
-            ]
+            available |= {
+                "dbos 3-step": lambda: dbos.drain(meter, n),
+                "dbos latency": lambda: dbos.latency(args.latency_samples),
+            }
         only = [word for word in args.only.split(",") if word]
-        if only:
-            scenarios = [s for s in scenarios if any(word in s[0] for word in only)]
+        groups = [
+            [
+                name
+                for name in group
+                if name in available and (not only or any(w in name for w in only))
+            ]
+            for group in GROUPS
+        ]
         urls = [system.url for system in (ours, proc, dbos) if system is not None]
         for repetition in range(args.repetitions):
             print(f"-- repetition {repetition + 1} of {args.repetitions}", flush=True)
-            for name, run in scenarios:
+            for name in run_order(groups, repetition):
                 # earlier scenarios' dead rows vacuumed now, so autovacuum does not bill
                 # them to this one
                 vacuum(urls)
-                value = run()
+                value = available[name]()
                 results.add(name, value)
                 shown = (
                     value

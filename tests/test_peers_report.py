@@ -6,7 +6,7 @@ No database: the report is arithmetic over the figures a run collected.
 from __future__ import annotations
 
 from benchmarks.executor_benchmark import CommitWait
-from benchmarks.peers import Results, paired, report
+from benchmarks.peers import GROUPS, Results, paired, report, run_order
 
 
 def test_paired_ratios_run_from_the_lowest_to_the_highest_repetition():
@@ -54,3 +54,15 @@ def test_without_commit_waits_the_report_prints_no_commit_table(capsys):
     results.add("ours 3-action 1x1", {"rate": 400.0})
     report(results, limit=7000.0)
     assert "synchronous commit of this server" not in capsys.readouterr().out
+
+
+def test_compared_scenarios_run_back_to_back_and_swap_sides_every_other_repetition():
+    groups = [["ours 1x4", "peer C=4", "ours 2x4"], ["ours 1x1", "peer C=1"]]
+    assert run_order(groups, 0) == ["ours 1x4", "peer C=4", "ours 2x4", "ours 1x1", "peer C=1"]
+    assert run_order(groups, 1) == ["ours 2x4", "peer C=4", "ours 1x4", "peer C=1", "ours 1x1"]
+    assert run_order(groups, 2) == run_order(groups, 0)
+
+
+def test_every_scenario_runs_once_a_repetition():
+    names = [name for group in GROUPS for name in group]
+    assert len(names) == len(set(names))  # a figure measured twice would unpair its ratios
