@@ -665,10 +665,10 @@ def commit_waits(results: Results, waits: Sequence[CommitWait]) -> None:
 # ratio always runs first.
 GROUPS: list[list[str]] = [
     [
+        "ours 3-action 2x4",  # next to 1x4: does a second process raise the rate?
         "ours 3-action 1x4",
         "procrastinate C=4",
         "dbos 3-step",
-        "ours 3-action 2x4",
         "ours one-wait 1x4",
     ],
     ["ours 3-action 1x1", "procrastinate C=1"],
