@@ -110,13 +110,14 @@ def commit_wait(
     """What a synchronous commit costs one client on this server, by the WAL it flushes.
 
     The flush's price is the machine's (disk, file system, virtualisation), it
-    moves from hour to hour on a shared machine and it need not be flat: on the
-    2-vCPU machine of docs/performance.md one run measured a 43 µs wait at 100
-    bytes of WAL and 150 µs from 4 kB on, another 200 to 250 µs at every size. A
-    one-thread drain waits for each of its commits, so the figure is printed
-    with each run, next to each system's WAL per unit. Rows of incompressible
-    text stored out of line, so the WAL per commit follows the size; sizes
-    interleaved and repeated, medians reported.
+    moves from one run to the next on a shared machine and it need not be flat:
+    on the 2-vCPU machine of docs/performance.md one run measured a 43 µs wait
+    at 100 bytes of WAL and 150 µs from 4 kB on, another 200 to 250 µs at every
+    size. A one-thread drain waits for each of its commits, so the figure is
+    printed with each run, next to each system's WAL per unit. Rows of random
+    letters stored out of line and uncompressed (``STORAGE EXTERNAL``), so the
+    WAL per commit grows with the size; sizes interleaved and repeated, medians
+    reported.
     """
     rng = random.Random(14)
     table = "bench_commit_wait"
