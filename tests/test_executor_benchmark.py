@@ -66,8 +66,6 @@ def test_commit_wait_measures_the_wal_each_size_writes_and_leaves_no_table(setti
     # 2.8 kB more on 18), whatever else a commit writes (full-page images after a
     # checkpoint, and with PostgreSQL 18's default data checksums for hint bits too)
     assert large.wal_bytes - small.wal_bytes > 1000
-    assert small.sync_us > 0 and large.async_us > 0
-    assert large.wait_us == large.sync_us - large.async_us
     with connection.cursor() as cur:
         cur.execute("SELECT to_regclass('bench_commit_wait')")
         assert cur.fetchone()[0] is None
