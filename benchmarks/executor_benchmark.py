@@ -42,8 +42,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -411,7 +412,10 @@ class Cell:
         return f"{name} {self.processes}p x {self.threads}t"
 
 
-def run_order(cells: list[Cell], repetition: int) -> list[Cell]:
+T = TypeVar("T")
+
+
+def run_order(cells: Sequence[T], repetition: int) -> list[T]:
     """The cells of one repetition: in order, then reversed, and so on.
 
     A shared machine's speed drifts over minutes; alternating the order puts

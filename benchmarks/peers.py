@@ -68,6 +68,7 @@ from benchmarks.executor_benchmark import (  # noqa: E402
     manage,
     url_for,
 )
+from benchmarks.executor_benchmark import run_order as alternate  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 # Units each system runs before the figures (so no drain starts on empty tables).
@@ -678,11 +679,12 @@ GROUPS: list[list[str]] = [
 
 
 def run_order(groups: list[list[str]], repetition: int) -> list[str]:
-    """The scenarios of one repetition: each group back to back, reversed in odd repetitions."""
-    order: list[str] = []
-    for group in groups:
-        order.extend(reversed(group) if repetition % 2 else group)
-    return order
+    """The scenarios of one repetition: each group back to back, reversed in odd repetitions.
+
+    Each group alternates as the executor benchmark's cells do
+    (:func:`benchmarks.executor_benchmark.run_order`).
+    """
+    return [name for group in groups for name in alternate(group, repetition)]
 
 
 def main() -> None:
