@@ -1,11 +1,16 @@
-"""The schema a fresh database has after 0005, as PostgreSQL reports it.
+"""The schema a fresh database has after every migration, as PostgreSQL reports it.
 
 Reviewed against the reference (columns, checks, keys, foreign-key actions,
 index names); schema names are stripped so both placements compare with it.
 """
 
 EXPECTED = {
-    "functions": ["pgtrigger_workflow_commands_notify_fa6db"],
+    "functions": [
+        "pgtrigger_workflow_commands_notify_fa6db",
+        "workflow_command_kind_admitted",
+        "workflow_command_state_admitted",
+        "workflow_command_timer_kind_admitted",
+    ],
     "sequences": [
         "workflow_commands_id_seq",
         "workflow_event_consumers_id_seq",
@@ -84,10 +89,10 @@ EXPECTED = {
                 "workflow_id": "uuid NOT NULL",
             },
             "constraints": {
-                "workflow_commands_kind_check": "CHECK (((kind)::text = ANY ('{START,SIGNAL,COMPLETION,RETRY,MIGRATION,TIMER}'::text[])))",
+                "workflow_commands_kind_check": "CHECK (workflow_command_kind_admitted((kind)::text))",
                 "workflow_commands_pkey": "PRIMARY KEY (id)",
-                "workflow_commands_state_check": "CHECK (((state)::text = ANY ('{PENDING,DEFERRED,CLAIMED,PARKED,DEAD,COMPLETE,REJECTED,STALE,FAILED,SUPERSEDED,CANCELLED}'::text[])))",
-                "workflow_commands_timer_kind_check": "CHECK (((((kind)::text = 'TIMER'::text) = (timer_kind IS NOT NULL)) AND ((timer_kind)::text = ANY ('{FIRE,TIMEOUT,DUE,REMINDER}'::text[]))))",
+                "workflow_commands_state_check": "CHECK (workflow_command_state_admitted((state)::text))",
+                "workflow_commands_timer_kind_check": "CHECK (workflow_command_timer_kind_admitted((kind)::text, (timer_kind)::text))",
                 "workflow_commands_wf_seq_uniq": "UNIQUE (workflow_id, seq)",
                 "workflow_commands_workflow_fk": "FOREIGN KEY (workflow_id) REFERENCES workflow_instances(id) ON DELETE CASCADE",
             },

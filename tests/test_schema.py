@@ -149,17 +149,18 @@ def command_check_verdicts(conn: psycopg.Connection, schema: str | None) -> dict
 
 
 @pytest.mark.parametrize("schema", [None, "workflow_data"], ids=["unqualified", "named-schema"])
-def test_0006_to_0009_tune_the_command_log_and_reverse(scratch_database, schema):
-    """0006 respells the checks of workflow_commands as constants and 0009 the timer check
-    as one comparison: same verdicts, same names; reversing them restores Django's rendering
-    of the model's conditions exactly. 0007 sets the command log's analyze threshold and
-    reverses to the server's defaults. 0008 removes the statistics of the command's state,
-    collected before it, keeps ANALYZE from collecting them again, and reverses to the
-    default statistics target. 0009 turns off deduplication in the availability index and
-    reverses to PostgreSQL's default."""
+def test_0006_to_0010_tune_the_command_log_and_reverse(scratch_database, schema):
+    """0006 respells the checks of workflow_commands as constants, 0009 the timer check
+    as one comparison and 0010 each check as a call of a function that holds the admitted
+    values: same verdicts, same names; reversing them restores Django's rendering of the
+    model's conditions exactly and drops 0010's functions. 0007 sets the command log's
+    analyze threshold and reverses to the server's defaults. 0008 removes the statistics of
+    the command's state, collected before it, keeps ANALYZE from collecting them again, and
+    reverses to the default statistics target. 0009 turns off deduplication in the
+    availability index and reverses to PostgreSQL's default."""
     run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
     with connect(scratch_database) as conn:
-        as_constants = command_check_verdicts(conn, schema)
+        as_migrated = command_check_verdicts(conn, schema)
         assert availability_index_options(conn, schema) == {"deduplicate_items=off"}
         # 0007: the command log is analyzed after 200 changed rows (docs/performance.md)
         assert command_log_options(conn, schema) == {
@@ -177,6 +178,7 @@ def test_0006_to_0009_tune_the_command_log_and_reverse(scratch_database, schema)
         assert command_log_options(conn, schema) == set()  # 0007 reversed
         assert state_statistics_target(conn, schema) in (-1, None)  # 0008 reversed (17+: NULL)
         assert availability_index_options(conn, schema) == set()  # 0009 reversed
+        reversed_functions = describe(conn, schema or "public")["functions"]
         reversed_checks = {
             name: definition
             for name, definition in describe(conn, schema or "public")["tables"][
@@ -184,14 +186,14 @@ def test_0006_to_0009_tune_the_command_log_and_reverse(scratch_database, schema)
             ]["constraints"].items()
             if name.endswith("_check")
         }
-    assert as_constants == as_django_renders
-    assert set(as_constants.values()) == {
+    assert as_migrated == as_django_renders
+    assert set(as_migrated.values()) == {
         "ok",
         "workflow_commands_state_check",
         "workflow_commands_kind_check",
         "workflow_commands_timer_kind_check",
     }
-    admitted = {row for row, verdict in as_constants.items() if verdict == "ok"}
+    admitted = {row for row, verdict in as_migrated.items() if verdict == "ok"}
     assert admitted == {
         (state, kind, timer_kind)
         for state, kind, timer_kind in JUDGED
@@ -200,6 +202,7 @@ def test_0006_to_0009_tune_the_command_log_and_reverse(scratch_database, schema)
         and (timer_kind in TimerKind.values if kind == "TIMER" else timer_kind is None)
     }
     assert reversed_checks == DJANGO_RENDERED_CHECKS
+    assert reversed_functions == ["pgtrigger_workflow_commands_notify_fa6db"]  # 0010 reversed
     with connect(scratch_database) as conn:
         # an installation whose command log was analyzed before 0008
         assert len(analyzed_state_statistics(conn, schema)) == 1
