@@ -10,6 +10,7 @@ EXPECTED = {
         "workflow_command_kind_admitted",
         "workflow_command_state_admitted",
         "workflow_command_timer_kind_admitted",
+        "workflow_timer_held_back",
     ],
     "sequences": [
         "workflow_commands_id_seq",
