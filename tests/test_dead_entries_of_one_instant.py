@@ -48,6 +48,20 @@ def no_autovacuum():
         cursor.execute(f"ALTER TABLE {commands_table} RESET (autovacuum_enabled)")
 
 
+def analyze_the_backlog() -> None:
+    """Statistics of the recorded batch, as autovacuum takes them after 200 changes (0007).
+
+    The test turns autovacuum off for the command log, so it analyzes itself.
+    Without it the plans are made from whatever statistics earlier tests left:
+    the active partial indexes analyzed while empty make the claim a bitmap
+    scan and a sort of every active command, which reads the whole batch (608
+    entries, seen once in CI on PostgreSQL 18) whatever the index marks dead;
+    docs/performance.md, "Statistics of the active commands".
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {tables.qualified(tables.COMMANDS)}")
+
+
 def entries_returned() -> int:
     """Entries the availability index returned to this backend's scans, by its statistics.
 
@@ -91,6 +105,7 @@ def test_a_claim_skips_the_dead_versions_of_commands_recorded_in_the_same_transa
     with transaction.atomic():  # one transaction: one available_at for the whole batch
         for n in range(BATCH):
             wf.start("order", {"amount": n}, idempotency_key=f"batch-{n}")
+    analyze_the_backlog()
     for _ in range(SETTLED):
         assert segment.run_next("n1") is not None  # each START claimed, then settled
 

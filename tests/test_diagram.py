@@ -91,10 +91,18 @@ def assert_picture_of(plan: Plan, svg: str) -> ET.Element:
     width, height = float(root.get("width")), float(root.get("height"))
     for x, y, w, h in boxes:
         assert x >= 0 and x + w <= width and y >= 0 and y + h <= height
-    assert root.find(".//svg:script", NS) is None
-    assert "href" not in svg and "<script" not in svg.lower()
-    assert "url(" not in svg and "@import" not in svg
-    assert root.find("svg:style", NS) is not None
+    # self-contained: no script, link or outside resource in the markup. Checked on the
+    # parsed elements, not the text: a step id such as "href" or "url(" is the picture's
+    # own text (a label, a title, a data attribute) and must not count as one.
+    assert not any(element.tag.endswith("script") for element in root.iter())
+    for element in root.iter():
+        for name, value in element.attrib.items():
+            assert not name.endswith("href"), f"a link: {name}={value!r}"
+            if not name.startswith("data-"):
+                assert "url(" not in value and "javascript:" not in value.lower(), (name, value)
+    style = root.find("svg:style", NS)
+    assert style is not None
+    assert "url(" not in (style.text or "") and "@import" not in (style.text or "")
     return root
 
 
@@ -244,6 +252,14 @@ def test_hostile_step_ids_and_signal_names_are_escaped():
         assert all(ch.isalnum() or ch in "-_" for ch in group.get("id"))
     texts = "".join(t.text or "" for t in root.iter(f"{SVG}text"))
     assert hostile["item"] in texts, "a signal name is shown as text, never as markup"
+
+
+def test_step_ids_that_spell_links_are_text_and_the_picture_stays_self_contained():
+    """Found by the random-plan test: a step named ``href`` is a label, not a link."""
+    plan = loop_plan(collect="href", add="url(javascript:x)", done="@import")
+    svg = render_svg(plan, Marks(frozenset({"href"}), frozenset()))
+    root = assert_picture_of(plan, svg)
+    assert set(steps_of(root)) == {"href", "url(javascript:x)", "@import"}
 
 
 def test_unusable_characters_become_replacement_characters_and_the_picture_parses():
