@@ -70,3 +70,21 @@ def test_the_command_refuses_bad_options_and_record_only_nodes():
         pytest.raises(CommandError, match="record-only"),
     ):
         call_command("workflow_executor", "--until-idle")
+
+
+def test_the_daemons_refuse_a_database_without_this_releases_migrations(scratch_database):
+    """Started before ``migrate``, an executor would fail every claim (0011's function) and
+    retry forever: both daemons stop at start-up and name what is missing."""
+    from tests.conftest import run_manage
+
+    run_manage("migrate", "-v", "0", dbname=scratch_database)
+    run_manage("migrate", "vertique_workflow", "0010", "-v", "0", dbname=scratch_database)
+    for daemon_command in ("workflow_relay", "workflow_executor"):
+        refused = run_manage(daemon_command, "--until-idle", dbname=scratch_database, check=False)
+        assert refused.returncode != 0
+        assert (
+            "the database 'default' lacks 1 migration(s) of vertique_workflow: "
+            "0011_timer_hold_as_function; run `manage.py migrate` first"
+        ) in refused.stderr
+    run_manage("migrate", "-v", "0", dbname=scratch_database)
+    run_manage("workflow_executor", "--until-idle", dbname=scratch_database)
