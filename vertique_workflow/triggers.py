@@ -44,7 +44,12 @@ class CommandNotifyTrigger(pgtrigger.Trigger):
     name = NOTIFY_TRIGGER_NAME
     when = pgtrigger.After
     operation = pgtrigger.Insert | pgtrigger.UpdateOf("state", "available_at")
-    condition = pgtrigger.Q(new__state__in=["PENDING", "DEFERRED"])
+    # ``NEW.state IN ('PENDING', 'DEFERRED')``, spelled with one constant array:
+    # PostgreSQL reads a trigger's WHEN back from its stored text for every statement
+    # that writes the table (each claim and settlement of a command), and Django's
+    # rendering stores two constants, their casts and an array expression
+    # (migration 0012 installs this spelling; docs/performance.md).
+    condition = pgtrigger.Condition("""NEW."state"::text = ANY ('{PENDING,DEFERRED}'::text[])""")
     func = (
         f"PERFORM pg_notify('{tables.NOTIFY_CHANNEL}', "
         "(floor(extract(epoch FROM NEW.available_at) * 1000))::bigint::text); "
