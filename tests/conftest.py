@@ -145,6 +145,21 @@ def reset_gates() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _forget_remembered_selections() -> Iterator[None]:
+    """Each test's first start of an id reads its selection (store.pipelined_start).
+
+    A selection remembered by an earlier test is only ever a digest the
+    guarded record compares (never trusted), but a test that counts a
+    start's round trips or traces its statements needs to know which path
+    it takes.
+    """
+    from vertique_workflow.store import pipelined_start
+
+    pipelined_start.forget_all()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _flush_placed_workflow_tables(
     request: pytest.FixtureRequest, django_db_blocker: Any
 ) -> Iterator[None]:

@@ -6,13 +6,14 @@ import pytest
 from django.db import transaction
 
 import vertique_workflow as wf
+from vertique_workflow.store import pipelined_start
 
 from .wire import client_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_start_outside_a_transaction_waits_on_the_server_twice():
+def test_a_first_start_of_an_id_outside_a_transaction_waits_on_the_server_twice():
     """The key + selection read; then admission lock, pin rows and record at once.
 
     The reference's admission is two statements (the shared lock, then the
@@ -21,6 +22,7 @@ def test_a_start_outside_a_transaction_waits_on_the_server_twice():
     selection read share one statement.
     """
     wf.start("order", {"amount": 0}, idempotency_key="warm")  # prepares the statements
+    pipelined_start.forget_all()  # as in a process that has not started "order" yet
     started = []
     waits = client_waits(
         lambda: started.append(wf.start("order", {"amount": 1}, idempotency_key="traced"))
@@ -30,12 +32,25 @@ def test_a_start_outside_a_transaction_waits_on_the_server_twice():
     assert ref.created and wf.get(ref.id).status == "PENDING"
 
 
-def test_a_replayed_start_reads_once_and_writes_nothing():
+def test_a_later_start_of_the_id_waits_once():
+    """The selection remembered: the admission lock and the guarded record, one pipeline."""
+    wf.start("order", {"amount": 0}, idempotency_key="warm")
+    started = []
+    waits = client_waits(
+        lambda: started.append(wf.start("order", {"amount": 1}, idempotency_key="traced"))
+    )
+    assert waits == ["Sync"], waits
+    (ref,) = started
+    assert ref.created and wf.get(ref.id).status == "PENDING"
+
+
+def test_a_replayed_start_writes_nothing_and_reads_its_instance():
     first = wf.start("order", {"amount": 2}, idempotency_key="same")
     wf.start("order", {"amount": 2}, idempotency_key="same")  # prepares the replay's read
     waits = client_waits(lambda: wf.start("order", {"amount": 2}, idempotency_key="same"))
-    # the key + selection read and the instance read of the replay, each in autocommit
-    assert waits == ["Sync", "Sync"], waits
+    # the guarded record (nothing written: the key exists), then the key + selection read
+    # and the instance read of the replay, each in autocommit
+    assert waits == ["Sync", "Sync", "Sync"], waits
     again = wf.start("order", {"amount": 2}, idempotency_key="same")
     assert (again.id, again.created) == (first.id, False)
 

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from django.db import DatabaseError, transaction
 from . import context, failures, payloads
 from .conf import workflow_settings
 from .engine.decision_log import HistoryEntry, replay
-from .exceptions import WorkflowConflict, WorkflowNotFound, WorkflowValidationError
+from .exceptions import WorkflowConflict, WorkflowError, WorkflowNotFound, WorkflowValidationError
 from .pins import resolve_start_pin, signal_schema_source
 from .store import branches as branches_store
 from .store import commands, db, dedup, history, instances, pipelined_start
@@ -211,13 +212,98 @@ def _record_start(
     In a caller's transaction the writes are a savepoint, so a refusal or a
     lost race leaves that transaction usable and nothing written; in a
     transaction of ``start``'s own no savepoint is needed (nothing else is in it).
+    Pipelined, a start of an id whose selection this process remembers is
+    judged on it and recorded in one wait when the selection is unchanged
+    (``store.pipelined_start``); anything else reads afresh.
     """
-    # the key and the selection read in one statement (one wait on the server)
-    earlier, selection = registry.start_read(scope, definition_id, idempotency_key)
+    arguments = (definition_id, payload, idempotency_key, business_key, scope, version)
+    extras = (actor, subject, parent, fingerprint)
+    digest = None
+    if mode == _PIPELINED:
+        started = _start_on_remembered_selection(*arguments, *extras)
+        if started is not None:
+            return started
+        # the key and the selection read in one statement (one wait on the server)
+        earlier, selection, digest = registry.start_read_with_digest(
+            scope, definition_id, idempotency_key
+        )
+        pipelined_start.remember(scope, definition_id, selection, digest)
+    else:
+        earlier, selection = registry.start_read(scope, definition_id, idempotency_key)
     if earlier is not None:
         return _replayed_start(earlier, fingerprint)
     pin = resolve_start_pin(definition_id, scope, version, selection)
     pin.check_start_payload(payload or {})
+    instance_id, record = _start_record(pin, *arguments, *extras)
+    with _start_errors(definition_id, scope, mode):
+        if mode == _PIPELINED:
+            claimed = pipelined_start.admit_and_record(record)
+        else:
+            with _atomic() if mode == _CALLER else contextlib.nullcontext():
+                pin.admit()
+                # one statement, the key first: a concurrent start with the same key
+                # then resolves as a replay, not as a business-key conflict
+                claimed = instances.record_prepared_start(record)
+    if not claimed:  # another transaction committed the same key first: a replay
+        earlier = dedup.find("START", scope, definition_id, idempotency_key)
+        assert earlier is not None
+        return _replayed_start(earlier, fingerprint)
+    return InstanceRef(instance_id, definition_id, pin.version, created=True)
+
+
+def _start_on_remembered_selection(
+    definition_id: str,
+    payload: dict[str, Any] | None,
+    idempotency_key: str,
+    business_key: str | None,
+    scope: str,
+    version: int | None,
+    actor: context.Actor | None,
+    subject: Any,
+    parent: dict[str, Any] | None,
+    fingerprint: str,
+) -> InstanceRef | None:
+    """A pipelined start judged on the remembered selection; None: read afresh.
+
+    None when nothing is remembered, when the remembered selection refuses
+    the start (the fresh read judges again, and its refusal is the one
+    raised), and when the guarded record wrote nothing: the key exists (the
+    fresh read finds the replay), the pin is refused, or the selection's rows
+    changed since they were remembered (forgotten then).
+    """
+    remembered = pipelined_start.remembered(scope, definition_id)
+    if remembered is None:
+        return None
+    selection, digest = remembered
+    try:
+        pin = resolve_start_pin(definition_id, scope, version, selection)
+        pin.check_start_payload(payload or {})
+    except WorkflowError:
+        return None
+    arguments = (definition_id, payload, idempotency_key, business_key, scope, version)
+    instance_id, record = _start_record(pin, *arguments, actor, subject, parent, fingerprint)
+    with _start_errors(definition_id, scope, _PIPELINED):
+        recorded = pipelined_start.record_on_remembered(record, digest)
+    if not recorded:
+        pipelined_start.forget(scope, definition_id)
+        return None
+    return InstanceRef(instance_id, definition_id, pin.version, created=True)
+
+
+def _start_record(
+    pin: Any,
+    definition_id: str,
+    payload: dict[str, Any] | None,
+    idempotency_key: str,
+    business_key: str | None,
+    scope: str,
+    version: int | None,
+    actor: context.Actor | None,
+    subject: Any,
+    parent: dict[str, Any] | None,
+    fingerprint: str,
+) -> tuple[uuid.UUID, dict[str, Any]]:
+    """A new instance id and the record statement's parameters for ``pin``."""
     instance_id = uuid.uuid4()
     # captured once: the instance's metadata and the START command hold the same document
     captured = context.capture()
@@ -237,15 +323,14 @@ def _record_start(
         context=captured,
         actor=context.stored_actor(actor),
     )
+    return instance_id, record
+
+
+@contextlib.contextmanager
+def _start_errors(definition_id: str, scope: str, mode: str) -> Iterator[None]:
+    """A start's database errors as the caller sees them (conflict, lock timeout, others)."""
     try:
-        if mode == _PIPELINED:
-            claimed = pipelined_start.admit_and_record(record)
-        else:
-            with _atomic() if mode == _CALLER else contextlib.nullcontext():
-                pin.admit()
-                # one statement, the key first: a concurrent start with the same key
-                # then resolves as a replay, not as a business-key conflict
-                claimed = instances.record_prepared_start(record)
+        yield
     except DatabaseError as exc:
         if db.sqlstate(exc) == "23505":
             raise WorkflowConflict(
@@ -259,11 +344,6 @@ def _record_start(
                 raise
             raise registry.lock_timeout_error(exc, definition_id) from exc
         raise db.translate(exc, "start") from None
-    if not claimed:  # another transaction committed the same key first: a replay
-        earlier = dedup.find("START", scope, definition_id, idempotency_key)
-        assert earlier is not None
-        return _replayed_start(earlier, fingerprint)
-    return InstanceRef(instance_id, definition_id, pin.version, created=True)
 
 
 class _LostKeyRace(Exception):

@@ -217,14 +217,17 @@ WHERE definition_scope_key = %s AND definition_id = %s AND definition_version = 
   AND status IN ({_PINNING_SQL})
 """
 
-SELECTION_READ = f"""
+
+def _selection_read(definition: str, scope: str) -> str:
+    """The selection read, its id and start scope spelled by the caller's placeholders."""
+    return f"""
 SELECT 'DEFINITION' AS source, scope_key, definition_version, status, kind, contract_name,
        state_type_name, failure_reason, plan_hash,
        CASE WHEN status = 'AVAILABLE' THEN signal_names_json::text END,
        CASE WHEN status = 'AVAILABLE' THEN start_schema_json::text END,
        NULL::varchar AS target_scope_key
 FROM {T["definitions"]}
-WHERE definition_id = %s AND scope_key IN (%s, 'default')
+WHERE definition_id = {definition} AND scope_key IN ({scope}, 'default')
 UNION ALL
 SELECT 'ACTIVATION', scope_key, definition_version, NULL, NULL, NULL,
        NULL, NULL, NULL,
@@ -232,8 +235,11 @@ SELECT 'ACTIVATION', scope_key, definition_version, NULL, NULL, NULL,
        NULL::text,
        target_scope_key
 FROM {T["definition_activations"]}
-WHERE definition_id = %s AND scope_key IN (%s, 'default')
+WHERE definition_id = {definition} AND scope_key IN ({scope}, 'default')
 """
+
+
+SELECTION_READ = _selection_read("%s", "%s")
 
 SELECTION_COLUMNS = (
     "source, scope_key, definition_version, status, kind, contract_name, state_type_name, "
@@ -250,6 +256,30 @@ FROM (VALUES (1)) AS one (x)
 LEFT JOIN ({dedup.FIND}) AS earlier ON true
 LEFT JOIN ({SELECTION_READ}) AS selection ({SELECTION_COLUMNS}) ON true
 """
+
+
+def selection_digest(definition: str, scope: str) -> str:
+    """SQL: one digest of every row the selection read returns (a scalar ``SELECT``).
+
+    The same expression is computed when a start reads its selection
+    (``START_READ_WITH_DIGEST``) and in the guard of a start that judged on a
+    remembered selection (:mod:`.pipelined_start`): equal digests, equal rows,
+    so the remembered judgement is the one a fresh read would give. The rows
+    are ordered by their own text, so the digest does not depend on a plan's
+    row order.
+    """
+    return f"""
+SELECT md5(coalesce(string_agg(selection::text, E'\\n' ORDER BY selection::text), ''))
+FROM ({_selection_read(definition, scope)}) AS selection ({SELECTION_COLUMNS})"""
+
+
+# START_READ and the digest of its selection rows (a start outside a
+# transaction remembers both, store.pipelined_start)
+START_READ_WITH_DIGEST = (
+    START_READ.replace("\nFROM (VALUES (1))", ", digest.value\nFROM (VALUES (1))", 1)
+    + f"CROSS JOIN ({selection_digest('%s', '%s')}) AS digest (value)\n"
+)
+assert START_READ_WITH_DIGEST.count("digest.value") == 1
 
 PIN_ROWS = f"""
 SELECT scope_key, definition_version, status, plan_hash
@@ -830,18 +860,44 @@ def start_read(
     selection; a first start selects its version from it.
     """
     fetched = db.fetchall_prepared(
-        START_READ,
-        [
-            "START",
-            start_scope,
-            definition_id,
-            idempotency_key,
-            definition_id,
-            start_scope,
-            definition_id,
-            start_scope,
-        ],
+        START_READ, _start_read_params(start_scope, definition_id, idempotency_key)
     )
+    return _start_read_rows(start_scope, definition_id, fetched)
+
+
+def start_read_with_digest(
+    start_scope: str, definition_id: str, idempotency_key: str
+) -> tuple[tuple[Any, str, Any] | None, SelectionResult, str]:
+    """:func:`start_read` and the digest of its selection rows (:func:`selection_digest`).
+
+    One statement, one snapshot: the digest is of the rows returned.
+    """
+    params = _start_read_params(start_scope, definition_id, idempotency_key)
+    fetched = db.fetchall_prepared(
+        START_READ_WITH_DIGEST, [*params, definition_id, start_scope, definition_id, start_scope]
+    )
+    earlier, selection = _start_read_rows(start_scope, definition_id, [r[:-1] for r in fetched])
+    return earlier, selection, fetched[0][-1]
+
+
+def _start_read_params(start_scope: str, definition_id: str, idempotency_key: str) -> list[str]:
+    """``START_READ``'s parameters: the key's (``dedup.FIND``), then the selection's."""
+    return [
+        "START",
+        start_scope,
+        definition_id,
+        idempotency_key,
+        definition_id,
+        start_scope,
+        definition_id,
+        start_scope,
+    ]
+
+
+def _start_read_rows(
+    start_scope: str, definition_id: str, fetched: Sequence[Sequence[Any]]
+) -> tuple[tuple[Any, str, Any] | None, SelectionResult]:
+    """``START_READ``'s rows as (the key's columns or None, the selection)."""
     workflow_id, fingerprint, result = fetched[0][:3]
     earlier = None if workflow_id is None else (workflow_id, fingerprint, result)
     selection = [row[3:] for row in fetched if row[3] is not None]

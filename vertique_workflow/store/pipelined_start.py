@@ -33,11 +33,26 @@ record's guard, which then writes nothing) raises :class:`StricterIsolation`,
 and the connection is not offered the pipeline again: ``start()`` then runs
 in Django's ``atomic``, where the rows are read ``FOR SHARE`` as the
 reference says for those levels.
+
+**A remembered selection: one wait.** The first start of an id (in a scope)
+in a process reads its key and selection as above and remembers the
+selection with a digest of its rows (:func:`definitions.selection_digest`,
+computed by the server). A later start of the same id judges on the
+remembered selection (version, start schema) and sends only the admission
+lock and a record guarded by the admission rule *and* by the digest of the
+selection as read under that lock (:func:`record_on_remembered`): one
+pipeline, one wait, no key read. The record writes nothing when the key
+exists already (a replay), when the rule refuses the pin, or when the
+selection's rows have changed since they were remembered; the caller then
+takes the path above, which reads and judges afresh. Equal digests mean
+equal rows, so what the remembered selection judged is what a fresh read
+would have judged; the remembered rows are never trusted otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,6 +113,87 @@ RECORD_ADMITTED_START = instances.RECORD_START.replace(
 assert RECORD_ADMITTED_START != instances.RECORD_START
 
 
+# RECORD_ADMITTED_START that also requires the selection's rows to be the remembered
+# ones (the digest parameter): judged on what the caller remembered, written only
+# when a fresh read under the admission lock would have judged the same
+RECORD_REMEMBERED_START = RECORD_ADMITTED_START.replace(
+    "    WHERE " + definitions.ADMITTED_AT_READ_COMMITTED + "\n",
+    "    WHERE "
+    + definitions.ADMITTED_AT_READ_COMMITTED
+    + "\n      AND ("
+    + definitions.selection_digest("%(definition)s", "%(scope)s")
+    + ") = %(selection_digest)s\n",
+)
+assert RECORD_REMEMBERED_START != RECORD_ADMITTED_START
+
+# (alias, start scope, definition id) -> (selection, digest): a few per id a process starts
+REMEMBERED_LIMIT = 1024
+_remembered: dict[tuple[str, str, str], tuple[definitions.SelectionResult, str]] = {}
+_remembered_lock = threading.Lock()
+
+
+def remember(
+    scope: str, definition_id: str, selection: definitions.SelectionResult, digest: str
+) -> None:
+    """Keep a selection just read (and its rows' digest) for the next starts of the id."""
+    key = (db.alias(), scope, definition_id)
+    with _remembered_lock:
+        if len(_remembered) >= REMEMBERED_LIMIT and key not in _remembered:
+            _remembered.clear()  # more pairs than a process starts: start over
+        _remembered[key] = (selection, digest)
+
+
+def remembered(scope: str, definition_id: str) -> tuple[definitions.SelectionResult, str] | None:
+    """(selection, digest) remembered for the id in the scope on this alias, or None."""
+    return _remembered.get((db.alias(), scope, definition_id))
+
+
+def forget(scope: str, definition_id: str) -> None:
+    """Drop what is remembered of the id in the scope (its rows were found changed)."""
+    with _remembered_lock:
+        _remembered.pop((db.alias(), scope, definition_id), None)
+
+
+def forget_all() -> None:
+    """Drop every remembered selection (tests; nothing depends on it for correctness)."""
+    with _remembered_lock:
+        _remembered.clear()
+
+
+def record_on_remembered(record: Mapping[str, Any], digest: str) -> bool:
+    """Lock, then record only if the selection's rows still have ``digest``: one pipeline.
+
+    ``record`` is :func:`instances.record_start_params`' for the pin judged on
+    the remembered selection. True: recorded and committed. False: nothing
+    written (the key exists, the admission rule refuses the pin, or the
+    selection changed); take :func:`admit_and_record`'s path, which reads
+    afresh. Raises :class:`StricterIsolation` as :func:`admit_and_record`, a
+    lock timeout as the admission's error, the record's own errors as they are.
+    """
+    params = {**record, "selection_digest": digest}
+    wrapper, raw, (lock, insert) = db.pipeline_cursors(2)
+    try:
+        with wrapper.wrap_database_errors, raw.pipeline():
+            lock.execute(
+                definitions.ADMIT_LOCK_SHARED,
+                [definitions.admission_lock_timeout(), record["definition"]],
+                prepare=lock.prepare,
+            )
+            insert.execute(RECORD_REMEMBERED_START, params, prepare=insert.prepare)
+    except DatabaseError as exc:
+        if _has_rows(lock):
+            raise  # the record failed (a guard that refused writes nothing, so as is)
+        error = definitions.admission_error(exc, record["definition"])
+        if error is exc:
+            raise
+        raise error from exc
+    finally:
+        if not raw.closed and raw.info.transaction_status != _IDLE:
+            _rollback(raw)
+    _require_read_committed(raw, lock)
+    return insert.fetchone() is not None
+
+
 def admit_and_record(record: Mapping[str, Any]) -> bool:
     """Admit the record's pin, record the start and commit, in one pipeline.
 
@@ -151,14 +247,24 @@ def _judge(
     The record's guard judged the same rows the same way, so a refusal here
     has written nothing.
     """
+    isolation = _require_read_committed(raw, lock)
+    definitions.check_admission(
+        rows.fetchall(), isolation, scope_key, definition_id, version, plan_hash
+    )
+
+
+def _require_read_committed(raw: Any, lock: Any) -> str:
+    """The isolation the lock statement saw; StricterIsolation unless READ COMMITTED.
+
+    The record's guard wrote nothing then; the connection is not offered the
+    pipeline again.
+    """
     _, isolation, _ = lock.fetchone()
     if isolation != READ_COMMITTED:
         # read without FOR SHARE: not the reference's admission at this level
         raw._vertique_stricter_isolation = True
         raise StricterIsolation(isolation)
-    definitions.check_admission(
-        rows.fetchall(), isolation, scope_key, definition_id, version, plan_hash
-    )
+    return str(isolation)
 
 
 def _has_rows(cursor: Any) -> bool:

@@ -1,0 +1,248 @@
+"""A start outside a transaction judged on a remembered selection: one wait, never stale.
+
+``store.pipelined_start``: after a first start of an id has read its
+selection (and the digest of its rows), a later start judges on what it
+remembered and sends only the admission lock and a record guarded by the
+admission rule and by the digest of the selection as read under that lock.
+These tests hold what that must not change: a start is recorded exactly as
+a fresh read would record it (version, payload schema, refusal), a replay is
+still a replay, a registry change committed while the start waits for the
+lock is seen, and nothing is written when the remembered judgement is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+import vertique_workflow as wf
+from tests.conftest import table_counts
+from tests.test_registry_errors import Plan
+from vertique_workflow import registry as registry_sync
+from vertique_workflow import tables
+from vertique_workflow.exceptions import DefinitionUnavailable, WorkflowValidationError
+from vertique_workflow.store import definitions as registry
+from vertique_workflow.store import pipelined_start
+
+from .executor_process import wait_until
+from .wire import client_trace, client_waits
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T = tables.sql_names()
+
+
+@pytest.fixture
+def registered() -> str:
+    """An id with one registry row and no plan on this node: starts validate with the row."""
+    definition_id = f"flow-{uuid.uuid4().hex[:8]}"
+    registry.upsert_code(Plan(definition_id))
+    return definition_id
+
+
+def remembered_digest(definition_id: str) -> str | None:
+    remembered = pipelined_start.remembered("default", definition_id)
+    return None if remembered is None else remembered[1]
+
+
+def sql(statement: str, params: Any) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
+def test_a_later_start_of_an_id_waits_on_the_server_once():
+    first = wf.start("order", {"amount": 1}, idempotency_key="first")
+    assert remembered_digest("order") is not None
+    started = []
+    waits = client_waits(
+        lambda: started.append(wf.start("order", {"amount": 1}, idempotency_key="next"))
+    )
+    assert waits == ["Sync"], waits
+    (ref,) = started
+    assert ref.created and ref.id != first.id
+    assert (ref.definition_version, wf.get(ref.id).status) == (1, "PENDING")
+
+
+def test_the_one_pipeline_is_the_lock_then_the_guarded_record_without_begin_or_commit():
+    wf.start("order", {"amount": 1}, idempotency_key="remember")
+    connection.close()  # a new session: every statement is parsed, with its text, in the trace
+    trace = client_trace(lambda: wf.start("order", {"amount": 1}, idempotency_key="traced"))
+    assert len(re.findall(r"^F\t\d+\tSync", trace, re.M)) == 1, trace
+    assert "BEGIN" not in trace and "COMMIT" not in trace, trace
+    at = [
+        trace.find(mark) for mark in ("pg_advisory_xact_lock_shared", f"INSERT INTO {T['dedup']}")
+    ]
+    assert -1 not in at and at == sorted(at), (at, trace)
+    assert "selection_digest" not in trace  # sent as a parameter, compared in the statement
+    assert "string_agg(selection::text" in trace[at[1] :]
+
+
+def test_a_replay_through_a_remembered_selection_is_the_first_instance_and_writes_nothing():
+    first = wf.start("order", {"amount": 2}, idempotency_key="same")
+    before = table_counts()
+    wf.start("order", {"amount": 2}, idempotency_key="same")  # prepares the replay's reads
+    waits = client_waits(lambda: wf.start("order", {"amount": 2}, idempotency_key="same"))
+    # the guarded record (nothing written: the key exists), the key + selection read,
+    # the instance read
+    assert waits == ["Sync", "Sync", "Sync"], waits
+    again = wf.start("order", {"amount": 2}, idempotency_key="same")
+    assert (again.id, again.created) == (first.id, False)
+    assert table_counts() == before
+
+
+def test_a_start_schema_changed_after_it_was_remembered_refuses_the_payload(registered):
+    """The admission rule still admits the pin; only the digest sees the change."""
+    wf.start(registered, {}, idempotency_key="remember")
+    remembered = remembered_digest(registered)
+    sql(
+        f"UPDATE {T['definitions']} SET start_schema_json = %s::jsonb WHERE definition_id = %s",
+        [json.dumps({"type": "object", "required": ["must"]}), registered],
+    )
+    before = table_counts()
+    with pytest.raises(WorkflowValidationError, match="must"):
+        wf.start(registered, {}, idempotency_key="stale")
+    assert table_counts() == before
+    # read afresh, and the new selection remembered
+    assert remembered_digest(registered) not in (None, remembered)
+    assert wf.start(registered, {"must": 1}, idempotency_key="fresh").created
+
+
+def test_a_remembered_selection_that_refuses_is_judged_again_on_a_fresh_read(registered):
+    sql(
+        f"UPDATE {T['definitions']} SET start_schema_json = %s::jsonb WHERE definition_id = %s",
+        [json.dumps({"type": "object", "required": ["must"]}), registered],
+    )
+    wf.start(registered, {"must": 1}, idempotency_key="remember")
+    sql(
+        f"UPDATE {T['definitions']} SET start_schema_json = NULL WHERE definition_id = %s",
+        [registered],
+    )
+    ref = wf.start(registered, {}, idempotency_key="now-admitted")
+    assert ref.created and wf.get(ref.id).status == "PENDING"
+
+
+def test_a_version_registered_after_the_selection_was_remembered_is_the_one_started(registered):
+    assert wf.start(registered, {}, idempotency_key="v1").definition_version == 1
+    registry.upsert_code(Plan(registered, 2))
+    fresh = registry.selection_read("default", registered)
+    expected = registry.select_version(fresh, "default", None).version
+    assert expected == 2  # what a fresh read selects
+    ref = wf.start(registered, {}, idempotency_key="v2")
+    assert (ref.created, ref.definition_version, wf.get(ref.id).definition_version) == (True, 2, 2)
+
+
+@pytest.mark.parametrize(
+    ("change", "changes_the_digest"),
+    [
+        ("UPDATE {definitions} SET status = 'DEPRECATED' WHERE definition_id = %(id)s", True),
+        ("UPDATE {definitions} SET plan_hash = 'another' WHERE definition_id = %(id)s", True),
+        (
+            "UPDATE {definitions} SET signal_names_json = '{{\"paid\": null}}' "
+            "WHERE definition_id = %(id)s",
+            True,
+        ),
+        (
+            "INSERT INTO {definitions} (scope_key, definition_id, definition_version, kind, "
+            "status, contract_name, state_type_name, plan_hash, created_at, updated_at) "
+            "SELECT scope_key, definition_id || 'z', definition_version, kind, status, "
+            "contract_name, state_type_name, plan_hash, created_at, updated_at "
+            "FROM {definitions} WHERE definition_id = %(id)s",
+            False,
+        ),
+        ("UPDATE {definitions} SET updated_at = now() + interval '1 day'", False),
+        (
+            "DELETE FROM {activations} WHERE definition_id = %(id)s",
+            True,
+        ),
+    ],
+)
+def test_the_digest_follows_the_selected_rows_only(registered, change, changes_the_digest):
+    """What a fresh read would select differently changes the digest; nothing else does."""
+    _, _, before = registry.start_read_with_digest("default", registered, "k")
+    names = {"definitions": T["definitions"], "activations": T["definition_activations"]}
+    sql(change.format(**names), {"id": registered})
+    _, _, after = registry.start_read_with_digest("default", registered, "k")
+    assert (after != before) is changes_the_digest
+
+
+def test_an_activation_of_the_start_scope_changes_the_digest(registered):
+    registry.upsert_code(Plan(registered, 2))
+    _, _, before = registry.start_read_with_digest("eu", registered, "k")
+    sql(
+        f"INSERT INTO {T['definition_activations']} "
+        "(scope_key, definition_id, target_scope_key, definition_version, activated_at) "
+        "VALUES ('eu', %s, 'default', 1, now())",
+        [registered],
+    )
+    _, _, after = registry.start_read_with_digest("eu", registered, "k")
+    _, _, other_scope = registry.start_read_with_digest("us", registered, "k")
+    assert after != before and other_scope == before
+
+
+def test_a_version_deprecated_while_a_remembered_start_waits_for_the_lock_is_refused(holder):
+    """The fence holds on this path too: the guard's reads run after the lock is granted."""
+    registry_sync.sync_code_definitions()
+    wf.start("order", {"amount": 1}, idempotency_key="remember")
+    assert remembered_digest("order") is not None
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))",
+        ["order"],
+    )
+    holder.execute(
+        f"UPDATE {T['definitions']} SET status = 'DEPRECATED' "
+        "WHERE scope_key = 'default' AND definition_id = 'order' AND definition_version = 1"
+    )
+    outcome: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            outcome["ref"] = wf.start("order", {"amount": 1}, idempotency_key="raced")
+        except Exception as exc:  # the assertion below names it
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    racing = threading.Thread(target=start)
+    racing.start()
+    wait_until(lambda: lock_waiters() >= 1, what="the start queued on the id lock")
+    holder.commit()
+    racing.join(60)
+    assert not racing.is_alive()
+    assert isinstance(outcome.get("error"), DefinitionUnavailable), outcome
+    assert "DEPRECATED" in str(outcome["error"])
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {T['dedup']} WHERE key = 'raced'")
+        assert cursor.fetchone() == (0,)
+
+
+def test_a_remembered_start_in_a_repeatable_read_session_starts_in_djangos_transaction():
+    registry_sync.sync_code_definitions()
+    wf.start("order", {"amount": 1}, idempotency_key="remember")
+    with connection.cursor() as cursor:
+        cursor.execute("SET default_transaction_isolation = 'repeatable read'")
+    try:
+        ref = wf.start("order", {"amount": 1}, idempotency_key="rr")
+        assert not pipelined_start.available()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET default_transaction_isolation")
+        del connection.connection._vertique_stricter_isolation
+    assert ref.created and wf.get(ref.id).status == "PENDING"
+
+
+def test_the_remembered_selections_are_bounded():
+    for i in range(pipelined_start.REMEMBERED_LIMIT + 5):
+        pipelined_start.remember("default", f"id-{i}", None, "d")  # type: ignore[arg-type]
+    assert len(pipelined_start._remembered) <= pipelined_start.REMEMBERED_LIMIT
+
+
+def lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return cursor.fetchone()[0]
