@@ -319,9 +319,24 @@ def test_a_version_deprecated_while_the_start_waits_for_the_lock_is_refused(hold
     the deprecation, holding the exclusive id lock, commits while the
     pipelined start waits for the shared one.
     """
+    registry_sync.sync_code_definitions()
+    outcome = start_racing_a_deprecation(holder, "raced")
+    error = outcome.get("error")
+    assert isinstance(error, DefinitionUnavailable), outcome
+    assert "the version is DEPRECATED" in str(error)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {T['dedup']} WHERE key = 'raced'")
+        assert cursor.fetchone() == (0,)
+
+
+def start_racing_a_deprecation(holder: psycopg.Connection, key: str) -> dict[str, Any]:
+    """Start "order" in a thread while ``holder`` deprecates its version 1 under the id lock.
+
+    The deprecation commits once the start waits for the shared lock; the
+    start's ``ref`` or ``error``.
+    """
     from django.db import connections
 
-    registry_sync.sync_code_definitions()
     holder.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))",
         ["order"],
@@ -334,8 +349,8 @@ def test_a_version_deprecated_while_the_start_waits_for_the_lock_is_refused(hold
 
     def start() -> None:
         try:
-            outcome["ref"] = wf.start("order", {"amount": 1}, idempotency_key="raced")
-        except Exception as exc:  # the assertion below names it
+            outcome["ref"] = wf.start("order", {"amount": 1}, idempotency_key=key)
+        except Exception as exc:  # the caller's assertion names it
             outcome["error"] = exc
         finally:
             connections.close_all()
@@ -346,12 +361,7 @@ def test_a_version_deprecated_while_the_start_waits_for_the_lock_is_refused(hold
     holder.commit()
     racing.join(60)
     assert not racing.is_alive()
-    error = outcome.get("error")
-    assert isinstance(error, DefinitionUnavailable), outcome
-    assert "the version is DEPRECATED" in str(error)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT count(*) FROM {T['dedup']} WHERE key = 'raced'")
-        assert cursor.fetchone() == (0,)
+    return outcome
 
 
 def lock_waiters() -> int:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import uuid
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 import vertique_workflow as wf
 from tests.conftest import table_counts
@@ -30,7 +29,7 @@ from vertique_workflow.exceptions import DefinitionUnavailable, WorkflowValidati
 from vertique_workflow.store import definitions as registry
 from vertique_workflow.store import pipelined_start
 
-from .executor_process import wait_until
+from .test_pipelined_start import start_racing_a_deprecation
 from .wire import client_trace, client_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -190,30 +189,7 @@ def test_a_version_deprecated_while_a_remembered_start_waits_for_the_lock_is_ref
     registry_sync.sync_code_definitions()
     wf.start("order", {"amount": 1}, idempotency_key="remember")
     assert remembered_digest("order") is not None
-    holder.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))",
-        ["order"],
-    )
-    holder.execute(
-        f"UPDATE {T['definitions']} SET status = 'DEPRECATED' "
-        "WHERE scope_key = 'default' AND definition_id = 'order' AND definition_version = 1"
-    )
-    outcome: dict[str, Any] = {}
-
-    def start() -> None:
-        try:
-            outcome["ref"] = wf.start("order", {"amount": 1}, idempotency_key="raced")
-        except Exception as exc:  # the assertion below names it
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    racing = threading.Thread(target=start)
-    racing.start()
-    wait_until(lambda: lock_waiters() >= 1, what="the start queued on the id lock")
-    holder.commit()
-    racing.join(60)
-    assert not racing.is_alive()
+    outcome = start_racing_a_deprecation(holder, "raced")
     assert isinstance(outcome.get("error"), DefinitionUnavailable), outcome
     assert "DEPRECATED" in str(outcome["error"])
     with connection.cursor() as cursor:
@@ -240,9 +216,3 @@ def test_the_remembered_selections_are_bounded():
     for i in range(pipelined_start.REMEMBERED_LIMIT + 5):
         pipelined_start.remember("default", f"id-{i}", None, "d")  # type: ignore[arg-type]
     assert len(pipelined_start._remembered) <= pipelined_start.REMEMBERED_LIMIT
-
-
-def lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-        return cursor.fetchone()[0]

@@ -173,19 +173,31 @@ def start(
     _require_payload(payload, "the start payload")
     _require_payload(subject, "the subject")
     fingerprint = _fingerprint(payload=payload, business_key=business_key, version=version)
-    arguments = (definition_id, payload, idempotency_key, business_key, scope, version)
+    request = _StartRequest(
+        definition_id,
+        payload,
+        idempotency_key,
+        business_key,
+        scope,
+        version,
+        actor,
+        subject,
+        _parent,
+        fingerprint,
+    )
     if db.connection().in_atomic_block:
-        return _record_start(*arguments, actor, subject, _parent, fingerprint, mode=_CALLER)
+        return _record_start(request, mode=_CALLER)
     # Called outside a transaction: the writes in one transaction of our own,
-    # pipelined with its commit (store.pipelined_start: two waits on the server) where the
-    # connection allows, else Django's atomic around the reads and the writes.
+    # pipelined with its commit (store.pipelined_start: one or two waits on the
+    # server) where the connection allows, else Django's atomic around the reads
+    # and the writes.
     if pipelined_start.available():
         try:
-            return _record_start(*arguments, actor, subject, _parent, fingerprint, mode=_PIPELINED)
+            return _record_start(request, mode=_PIPELINED)
         except pipelined_start.StricterIsolation:
             pass  # the session's transactions are not READ COMMITTED: the reference's FOR SHARE
     with _atomic():
-        return _record_start(*arguments, actor, subject, _parent, fingerprint, mode=_OWN)
+        return _record_start(request, mode=_OWN)
 
 
 # How ``_record_start`` writes: in the caller's transaction (a savepoint), in
@@ -193,20 +205,23 @@ def start(
 _CALLER, _OWN, _PIPELINED = "caller", "own", "pipelined"
 
 
-def _record_start(
-    definition_id: str,
-    payload: dict[str, Any] | None,
-    idempotency_key: str,
-    business_key: str | None,
-    scope: str,
-    version: int | None,
-    actor: context.Actor | None,
-    subject: Any,
-    parent: dict[str, Any] | None,
-    fingerprint: str,
-    *,
-    mode: str,
-) -> InstanceRef:
+@dataclass(frozen=True)
+class _StartRequest:
+    """``start``'s arguments, checked, and the fingerprint of those a replay must repeat."""
+
+    definition_id: str
+    payload: dict[str, Any] | None
+    idempotency_key: str
+    business_key: str | None
+    scope: str
+    version: int | None
+    actor: context.Actor | None
+    subject: Any
+    parent: dict[str, Any] | None
+    fingerprint: str
+
+
+def _record_start(request: _StartRequest, *, mode: str) -> InstanceRef:
     """The reads and writes of ``start``, in the transaction ``mode`` says.
 
     In a caller's transaction the writes are a savepoint, so a refusal or a
@@ -216,26 +231,22 @@ def _record_start(
     judged on it and recorded in one wait when the selection is unchanged
     (``store.pipelined_start``); anything else reads afresh.
     """
-    arguments = (definition_id, payload, idempotency_key, business_key, scope, version)
-    extras = (actor, subject, parent, fingerprint)
-    digest = None
+    definition_id, scope, key = request.definition_id, request.scope, request.idempotency_key
     if mode == _PIPELINED:
-        started = _start_on_remembered_selection(*arguments, *extras)
+        started = _start_on_remembered_selection(request)
         if started is not None:
             return started
         # the key and the selection read in one statement (one wait on the server)
-        earlier, selection, digest = registry.start_read_with_digest(
-            scope, definition_id, idempotency_key
-        )
+        earlier, selection, digest = registry.start_read_with_digest(scope, definition_id, key)
         pipelined_start.remember(scope, definition_id, selection, digest)
     else:
-        earlier, selection = registry.start_read(scope, definition_id, idempotency_key)
+        earlier, selection = registry.start_read(scope, definition_id, key)
     if earlier is not None:
-        return _replayed_start(earlier, fingerprint)
-    pin = resolve_start_pin(definition_id, scope, version, selection)
-    pin.check_start_payload(payload or {})
-    instance_id, record = _start_record(pin, *arguments, *extras)
-    with _start_errors(definition_id, scope, mode):
+        return _replayed_start(earlier, request.fingerprint)
+    pin = resolve_start_pin(definition_id, scope, request.version, selection)
+    pin.check_start_payload(request.payload or {})
+    instance_id, record = _start_record(pin, request)
+    with _start_errors(request, mode):
         if mode == _PIPELINED:
             claimed = pipelined_start.admit_and_record(record)
         else:
@@ -245,24 +256,13 @@ def _record_start(
                 # then resolves as a replay, not as a business-key conflict
                 claimed = instances.record_prepared_start(record)
     if not claimed:  # another transaction committed the same key first: a replay
-        earlier = dedup.find("START", scope, definition_id, idempotency_key)
+        earlier = dedup.find("START", scope, definition_id, key)
         assert earlier is not None
-        return _replayed_start(earlier, fingerprint)
+        return _replayed_start(earlier, request.fingerprint)
     return InstanceRef(instance_id, definition_id, pin.version, created=True)
 
 
-def _start_on_remembered_selection(
-    definition_id: str,
-    payload: dict[str, Any] | None,
-    idempotency_key: str,
-    business_key: str | None,
-    scope: str,
-    version: int | None,
-    actor: context.Actor | None,
-    subject: Any,
-    parent: dict[str, Any] | None,
-    fingerprint: str,
-) -> InstanceRef | None:
+def _start_on_remembered_selection(request: _StartRequest) -> InstanceRef | None:
     """A pipelined start judged on the remembered selection; None: read afresh.
 
     None when nothing is remembered, when the remembered selection refuses
@@ -271,78 +271,66 @@ def _start_on_remembered_selection(
     fresh read finds the replay), the pin is refused, or the selection's rows
     changed since they were remembered (forgotten then).
     """
-    remembered = pipelined_start.remembered(scope, definition_id)
+    remembered = pipelined_start.remembered(request.scope, request.definition_id)
     if remembered is None:
         return None
     selection, digest = remembered
     try:
-        pin = resolve_start_pin(definition_id, scope, version, selection)
-        pin.check_start_payload(payload or {})
+        pin = resolve_start_pin(request.definition_id, request.scope, request.version, selection)
+        pin.check_start_payload(request.payload or {})
     except WorkflowError:
         return None
-    arguments = (definition_id, payload, idempotency_key, business_key, scope, version)
-    instance_id, record = _start_record(pin, *arguments, actor, subject, parent, fingerprint)
-    with _start_errors(definition_id, scope, _PIPELINED):
+    instance_id, record = _start_record(pin, request)
+    with _start_errors(request, _PIPELINED):
         recorded = pipelined_start.record_on_remembered(record, digest)
     if not recorded:
-        pipelined_start.forget(scope, definition_id)
+        pipelined_start.forget(request.scope, request.definition_id)
         return None
-    return InstanceRef(instance_id, definition_id, pin.version, created=True)
+    return InstanceRef(instance_id, request.definition_id, pin.version, created=True)
 
 
-def _start_record(
-    pin: Any,
-    definition_id: str,
-    payload: dict[str, Any] | None,
-    idempotency_key: str,
-    business_key: str | None,
-    scope: str,
-    version: int | None,
-    actor: context.Actor | None,
-    subject: Any,
-    parent: dict[str, Any] | None,
-    fingerprint: str,
-) -> tuple[uuid.UUID, dict[str, Any]]:
+def _start_record(pin: Any, request: _StartRequest) -> tuple[uuid.UUID, dict[str, Any]]:
     """A new instance id and the record statement's parameters for ``pin``."""
     instance_id = uuid.uuid4()
     # captured once: the instance's metadata and the START command hold the same document
     captured = context.capture()
+    parent = request.parent
     record = instances.record_start_params(
         instance_id,
-        scope_key=scope,
-        definition_id=definition_id,
-        idempotency_key=idempotency_key,
-        fingerprint=fingerprint,
+        scope_key=request.scope,
+        definition_id=request.definition_id,
+        idempotency_key=request.idempotency_key,
+        fingerprint=request.fingerprint,
         definition_version=pin.version,
         plan_hash=pin.plan_hash,
         definition_scope_key=pin.scope,
-        business_key=business_key,
-        subject=subject,
+        business_key=request.business_key,
+        subject=request.subject,
         metadata={**(captured or {}), **({"parent": parent} if parent else {})},
-        payload=payload or {},
+        payload=request.payload or {},
         context=captured,
-        actor=context.stored_actor(actor),
+        actor=context.stored_actor(request.actor),
     )
     return instance_id, record
 
 
 @contextlib.contextmanager
-def _start_errors(definition_id: str, scope: str, mode: str) -> Iterator[None]:
+def _start_errors(request: _StartRequest, mode: str) -> Iterator[None]:
     """A start's database errors as the caller sees them (conflict, lock timeout, others)."""
     try:
         yield
     except DatabaseError as exc:
         if db.sqlstate(exc) == "23505":
             raise WorkflowConflict(
-                f"business key already used by another instance of {definition_id!r} "
-                f"in scope {scope!r}"
+                f"business key already used by another instance of {request.definition_id!r} "
+                f"in scope {request.scope!r}"
             ) from None
         if registry.is_lock_timeout(exc):
             if mode == _CALLER:
                 # the reference: the data-access error, the caller's transaction lost
                 transaction.set_rollback(True, using=db.alias())
                 raise
-            raise registry.lock_timeout_error(exc, definition_id) from exc
+            raise registry.lock_timeout_error(exc, request.definition_id) from exc
         raise db.translate(exc, "start") from None
 
 

@@ -170,26 +170,7 @@ def record_on_remembered(record: Mapping[str, Any], digest: str) -> bool:
     afresh. Raises :class:`StricterIsolation` as :func:`admit_and_record`, a
     lock timeout as the admission's error, the record's own errors as they are.
     """
-    params = {**record, "selection_digest": digest}
-    wrapper, raw, (lock, insert) = db.pipeline_cursors(2)
-    try:
-        with wrapper.wrap_database_errors, raw.pipeline():
-            lock.execute(
-                definitions.ADMIT_LOCK_SHARED,
-                [definitions.admission_lock_timeout(), record["definition"]],
-                prepare=lock.prepare,
-            )
-            insert.execute(RECORD_REMEMBERED_START, params, prepare=insert.prepare)
-    except DatabaseError as exc:
-        if _has_rows(lock):
-            raise  # the record failed (a guard that refused writes nothing, so as is)
-        error = definitions.admission_error(exc, record["definition"])
-        if error is exc:
-            raise
-        raise error from exc
-    finally:
-        if not raw.closed and raw.info.transaction_status != _IDLE:
-            _rollback(raw)
+    lock, _, insert, raw = _send(RECORD_REMEMBERED_START, {**record, "selection_digest": digest})
     _require_read_committed(raw, lock)
     return insert.fetchone() is not None
 
@@ -205,32 +186,49 @@ def admit_and_record(record: Mapping[str, Any]) -> bool:
     raise, the admission's refusal first; nothing is written then.
     """
     pin = (record["definition_scope"], record["definition"], record["version"], record["plan_hash"])
-    wrapper, raw, (lock, rows, insert) = db.pipeline_cursors(3)
+    lock, rows, insert, raw = _send(RECORD_ADMITTED_START, record, with_rows=True)
+    _judge(raw, lock, rows, *pin)
+    return insert.fetchone() is not None
+
+
+def _send(
+    record_sql: str, params: Mapping[str, Any], *, with_rows: bool = False
+) -> tuple[Any, ...]:
+    """The shared id lock, the id's rows (``with_rows``) and the record, as one pipeline.
+
+    (lock, rows or None, record, the psycopg connection), each cursor holding
+    its statement's result. No BEGIN and no COMMIT: the statements up to the
+    pipeline's one Sync are one transaction, committed at the Sync (rolled
+    back by an error). An error of the lock or the rows is the admission's
+    (:func:`definitions.admission_error`); the record's is raised as it is
+    (its guard had admitted the pin: a refused one writes nothing, so it
+    cannot fail on a conflict).
+    """
+    count = 3 if with_rows else 2
+    wrapper, raw, cursors = db.pipeline_cursors(count)
+    lock, insert = cursors[0], cursors[-1]
+    rows = cursors[1] if with_rows else None
     try:
-        # no BEGIN and no COMMIT: the statements up to the pipeline's one Sync
-        # are one transaction, committed at the Sync (rolled back by an error)
         with wrapper.wrap_database_errors, raw.pipeline():
             lock.execute(
                 definitions.ADMIT_LOCK_SHARED,
-                [definitions.admission_lock_timeout(), record["definition"]],
+                [definitions.admission_lock_timeout(), params["definition"]],
                 prepare=lock.prepare,
             )
-            rows.execute(definitions.PIN_ROWS, [record["definition"]], prepare=rows.prepare)
-            insert.execute(RECORD_ADMITTED_START, record, prepare=insert.prepare)
+            if rows is not None:
+                rows.execute(definitions.PIN_ROWS, [params["definition"]], prepare=rows.prepare)
+            insert.execute(record_sql, params, prepare=insert.prepare)
     except DatabaseError as exc:
-        if _has_rows(rows):
-            # the record failed: its guard had admitted the pin (a refused one
-            # writes nothing, so it cannot fail on a conflict), so as is
-            raise
-        error = definitions.admission_error(exc, record["definition"])  # lock or rows failed
+        if _has_rows(cursors[-2]):
+            raise  # the record failed
+        error = definitions.admission_error(exc, params["definition"])  # lock or rows failed
         if error is exc:
             raise
         raise error from exc
     finally:
         if not raw.closed and raw.info.transaction_status != _IDLE:
             _rollback(raw)  # interrupted in between: never leave the transaction open
-    _judge(raw, lock, rows, *pin)
-    return insert.fetchone() is not None
+    return lock, rows, insert, raw
 
 
 def _judge(
