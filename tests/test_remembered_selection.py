@@ -1,10 +1,12 @@
-"""A start outside a transaction judged on a remembered selection: one wait, never stale.
+"""A start judged on a remembered selection: one wait, never stale.
 
 ``store.pipelined_start``: after a first start of an id has read its
 selection (and the digest of its rows), a later start judges on what it
 remembered and sends only the admission lock and a record guarded by the
 admission rule and by the digest of the selection as read under that lock.
-These tests hold what that must not change: a start is recorded exactly as
+In the caller's transaction the same pipeline
+writes under a savepoint of its own and commits nothing. These tests hold
+what that must not change: a start is recorded exactly as
 a fresh read would record it (version, payload schema, refusal), a replay is
 still a replay, a registry change committed while the start waits for the
 lock is seen, and nothing is written when the remembered judgement is stale.
@@ -18,14 +20,19 @@ import uuid
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 
 import vertique_workflow as wf
 from tests.conftest import table_counts
-from tests.test_registry_errors import Plan
+from tests.test_registry_errors import Plan, short_lock_timeout
 from vertique_workflow import registry as registry_sync
 from vertique_workflow import tables
-from vertique_workflow.exceptions import DefinitionUnavailable, WorkflowValidationError
+from vertique_workflow.exceptions import (
+    DefinitionUnavailable,
+    WorkflowConflict,
+    WorkflowPersistenceError,
+    WorkflowValidationError,
+)
 from vertique_workflow.store import definitions as registry
 from vertique_workflow.store import pipelined_start
 
@@ -216,3 +223,95 @@ def test_the_remembered_selections_are_bounded():
     for i in range(pipelined_start.REMEMBERED_LIMIT + 5):
         pipelined_start.remember("default", f"id-{i}", None, "d")  # type: ignore[arg-type]
     assert len(pipelined_start._remembered) <= pipelined_start.REMEMBERED_LIMIT
+
+
+# --------------------------------------------------------------------------
+# in the caller's transaction
+# --------------------------------------------------------------------------
+
+
+def test_a_remembered_start_in_the_callers_transaction_commits_and_rolls_back_with_it():
+    wf.start("order", {"amount": 1}, idempotency_key="remember")
+    with transaction.atomic():
+        kept = wf.start("order", {"amount": 1}, idempotency_key="kept")
+    before = table_counts()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        lost = wf.start("order", {"amount": 1}, idempotency_key="lost")
+        assert lost.created and wf.get(lost.id) is not None  # visible in the transaction
+        raise RuntimeError("the caller's transaction fails")
+    assert table_counts() == before
+    assert wf.get(kept.id).status == "PENDING"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {T['instances']} WHERE id = %s", [lost.id])
+        assert cursor.fetchone() == (0,)
+
+
+def test_a_business_key_conflict_in_the_callers_transaction_leaves_it_usable():
+    """The record's error is rolled back to the start's own savepoint, nothing else."""
+    wf.start("order", {"amount": 1}, idempotency_key="bk-1", business_key="taken")
+    before = table_counts()
+    with transaction.atomic():
+        mine = wf.start("order", {"amount": 2}, idempotency_key="mine")
+        with pytest.raises(WorkflowConflict, match="business key already used"):
+            wf.start("order", {"amount": 1}, idempotency_key="bk-2", business_key="taken")
+        assert not connection.needs_rollback
+        assert wf.get(mine.id).status == "PENDING"  # the caller's transaction goes on
+    after = table_counts()
+    assert after["instances"] == before["instances"] + 1
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {T['dedup']} WHERE key = 'bk-2'")
+        assert cursor.fetchone() == (0,)
+
+
+def test_a_replay_in_the_callers_transaction_is_the_first_instance():
+    first = wf.start("order", {"amount": 3}, idempotency_key="same")
+    with transaction.atomic():
+        again = wf.start("order", {"amount": 3}, idempotency_key="same")
+    assert (again.id, again.created) == (first.id, False)
+
+
+def test_a_remembered_start_in_a_repeatable_read_transaction_reads_afresh():
+    """The guard admits nothing outside READ COMMITTED; the fresh path reads FOR SHARE."""
+    registry_sync.sync_code_definitions()
+    wf.start("order", {"amount": 1}, idempotency_key="remember")
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        started = []
+        waits = client_waits(
+            lambda: started.append(wf.start("order", {"amount": 1}, idempotency_key="rr"))
+        )
+    # the guarded record (nothing written), then the fresh path in a Django savepoint
+    assert waits[0] == "Sync" and any("SAVEPOINT" in w for w in waits[1:]), waits
+    (ref,) = started
+    assert ref.created and wf.get(ref.id).status == "PENDING"
+
+
+def test_an_admission_timeout_of_a_remembered_start_in_the_callers_transaction_loses_it(holder):
+    """As the reference's admission in the caller's transaction: the data-access error."""
+    wf.start("order", {"amount": 1}, idempotency_key="remember")
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))",
+        ["order"],
+    )
+    before = table_counts()
+    with short_lock_timeout(), transaction.atomic():
+        with pytest.raises(OperationalError) as failed:
+            wf.start("order", {"amount": 5}, idempotency_key="k-admission")
+        assert failed.value.__cause__.sqlstate == "55P03"
+        assert connection.needs_rollback  # run it again as a whole
+    assert table_counts() == before
+
+
+def test_an_admission_timeout_of_a_remembered_start_owning_its_transaction_names_the_id(holder):
+    wf.start("order", {"amount": 1}, idempotency_key="remember")
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))",
+        ["order"],
+    )
+    before = table_counts()
+    with short_lock_timeout(), pytest.raises(WorkflowPersistenceError) as failed:
+        wf.start("order", {"amount": 5}, idempotency_key="k-own")
+    assert (failed.value.retryable, failed.value.definition_id) == (True, "order")
+    assert table_counts() == before
+    assert pipelined_start.available()  # the connection is idle and offered again

@@ -55,15 +55,31 @@ def test_a_replayed_start_writes_nothing_and_reads_its_instance():
     assert (again.id, again.created) == (first.id, False)
 
 
-def test_a_start_in_the_callers_transaction_adds_no_begin_or_commit_of_its_own():
+def test_a_first_start_in_the_callers_transaction_adds_no_begin_or_commit_of_its_own():
     wf.start("order", {"amount": 0}, idempotency_key="warm")
     with transaction.atomic():
-        wf.start("order", {"amount": 0}, idempotency_key="outer-warm")
+        pipelined_start.forget_all()  # as in a process that has not started "order" yet
+        wf.start("order", {"amount": 0}, idempotency_key="outer-warm")  # prepares this path
+        pipelined_start.forget_all()
         waits = client_waits(lambda: wf.start("order", {"amount": 3}, idempotency_key="inner"))
     # the key + selection read, then the writes in a savepoint (a refusal leaves the
     # caller's transaction usable): admission lock, pin rows, record
     shape = [w if not w.startswith("Query") else w.split('"')[1].split()[0] for w in waits]
     assert shape == ["Sync", "SAVEPOINT", "Sync", "Sync", "Sync", "RELEASE"], waits
+
+
+def test_a_later_start_in_the_callers_transaction_waits_once():
+    """Savepoint, admission lock, guarded record and release: one pipeline, no commit."""
+    wf.start("order", {"amount": 0}, idempotency_key="warm")
+    with transaction.atomic():
+        wf.start("order", {"amount": 0}, idempotency_key="outer-warm")
+        started = []
+        waits = client_waits(
+            lambda: started.append(wf.start("order", {"amount": 3}, idempotency_key="inner"))
+        )
+        assert waits == ["Sync"], waits
+    (ref,) = started
+    assert ref.created and wf.get(ref.id).status == "PENDING"
 
 
 def test_a_signal_outside_a_transaction_is_one_transaction_of_prepared_statements():

@@ -232,15 +232,15 @@ def _record_start(request: _StartRequest, *, mode: str) -> InstanceRef:
     (``store.pipelined_start``); anything else reads afresh.
     """
     definition_id, scope, key = request.definition_id, request.scope, request.idempotency_key
-    if mode == _PIPELINED:
-        started = _start_on_remembered_selection(request)
+    if mode == _OWN:  # a stricter session: the reference's FOR SHARE admission, read afresh
+        earlier, selection = registry.start_read(scope, definition_id, key)
+    else:
+        started = _start_on_remembered_selection(request, mode)
         if started is not None:
             return started
         # the key and the selection read in one statement (one wait on the server)
         earlier, selection, digest = registry.start_read_with_digest(scope, definition_id, key)
         pipelined_start.remember(scope, definition_id, selection, digest)
-    else:
-        earlier, selection = registry.start_read(scope, definition_id, key)
     if earlier is not None:
         return _replayed_start(earlier, request.fingerprint)
     pin = resolve_start_pin(definition_id, scope, request.version, selection)
@@ -262,18 +262,21 @@ def _record_start(request: _StartRequest, *, mode: str) -> InstanceRef:
     return InstanceRef(instance_id, definition_id, pin.version, created=True)
 
 
-def _start_on_remembered_selection(request: _StartRequest) -> InstanceRef | None:
-    """A pipelined start judged on the remembered selection; None: read afresh.
+def _start_on_remembered_selection(request: _StartRequest, mode: str) -> InstanceRef | None:
+    """A start judged on the remembered selection, in one pipeline; None: read afresh.
 
-    None when nothing is remembered, when the remembered selection refuses
-    the start (the fresh read judges again, and its refusal is the one
-    raised), and when the guarded record wrote nothing: the key exists (the
-    fresh read finds the replay), the pin is refused, or the selection's rows
-    changed since they were remembered (forgotten then).
+    Pipelined (outside a transaction) the pipeline commits; in the caller's
+    transaction it writes under a savepoint of its own. None when nothing is
+    remembered, when the remembered selection refuses the start (the fresh
+    read judges again, and its refusal is the one raised), and when the
+    guarded record wrote nothing: the key exists (the fresh read finds the
+    replay), the pin is refused, or the selection's rows changed since they
+    were remembered (forgotten then).
     """
     remembered = pipelined_start.remembered(request.scope, request.definition_id)
     if remembered is None:
         return None
+    in_transaction = mode == _CALLER
     selection, digest = remembered
     try:
         pin = resolve_start_pin(request.definition_id, request.scope, request.version, selection)
@@ -281,8 +284,11 @@ def _start_on_remembered_selection(request: _StartRequest) -> InstanceRef | None
     except WorkflowError:
         return None
     instance_id, record = _start_record(pin, request)
-    with _start_errors(request, _PIPELINED):
-        recorded = pipelined_start.record_on_remembered(record, digest)
+    with _start_errors(request, mode):
+        if in_transaction:
+            recorded = pipelined_start.record_on_remembered_in_transaction(record, digest)
+        else:
+            recorded = pipelined_start.record_on_remembered(record, digest)
     if not recorded:
         pipelined_start.forget(request.scope, request.definition_id)
         return None

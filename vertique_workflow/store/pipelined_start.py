@@ -175,6 +175,54 @@ def record_on_remembered(record: Mapping[str, Any], digest: str) -> bool:
     return insert.fetchone() is not None
 
 
+# A start in the caller's transaction writes under a savepoint of its own, so an
+# error of the record (a business key taken) leaves the caller's transaction usable.
+SAVEPOINT = "SAVEPOINT vertique_workflow_start"
+RELEASE_SAVEPOINT = "RELEASE SAVEPOINT vertique_workflow_start"
+ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT vertique_workflow_start"
+
+
+def record_on_remembered_in_transaction(record: Mapping[str, Any], digest: str) -> bool:
+    """:func:`record_on_remembered` in the caller's open transaction: one pipeline.
+
+    A savepoint, the shared id lock, the guarded record and the savepoint's
+    release, sent together: nothing is committed (the caller commits), and
+    the lock is held to the caller's end, as :func:`definitions.admit_pin`
+    holds it. True: recorded. False: nothing written (the key exists, the
+    pin is refused, the selection changed, or the transaction is not READ
+    COMMITTED, where the reference reads the rows ``FOR SHARE``): read afresh.
+    On an error the savepoint is rolled back and released, so the caller's
+    transaction is as it was, and the error is raised as :func:`_send`
+    raises it. A caller's ``atomic`` that has sent nothing yet gets its
+    ``BEGIN`` from psycopg first.
+    """
+    params = {**record, "selection_digest": digest}
+    wrapper, raw, (mark, lock, insert, release) = db.pipeline_cursors(4)
+    try:
+        with wrapper.wrap_database_errors, raw.pipeline():
+            mark.execute(SAVEPOINT, prepare=mark.prepare)
+            lock.execute(
+                definitions.ADMIT_LOCK_SHARED,
+                [definitions.admission_lock_timeout(), params["definition"]],
+                prepare=lock.prepare,
+            )
+            insert.execute(RECORD_REMEMBERED_START, params, prepare=insert.prepare)
+            release.execute(RELEASE_SAVEPOINT, prepare=release.prepare)
+    except DatabaseError as exc:
+        if _has_statement_result(mark) and not raw.closed:
+            with wrapper.wrap_database_errors:
+                raw.execute(ROLLBACK_TO_SAVEPOINT)
+                raw.execute(RELEASE_SAVEPOINT)
+        if _has_rows(lock):
+            raise  # the record failed
+        error = definitions.admission_error(exc, params["definition"])
+        if error is exc:
+            raise
+        raise error from exc
+    _, isolation, _ = lock.fetchone()
+    return isolation == READ_COMMITTED and insert.fetchone() is not None
+
+
 def admit_and_record(record: Mapping[str, Any]) -> bool:
     """Admit the record's pin, record the start and commit, in one pipeline.
 
@@ -263,6 +311,12 @@ def _require_read_committed(raw: Any, lock: Any) -> str:
         raw._vertique_stricter_isolation = True
         raise StricterIsolation(isolation)
     return str(isolation)
+
+
+def _has_statement_result(cursor: Any) -> bool:
+    """Whether the cursor's statement ran (a command such as SAVEPOINT completed)."""
+    result = cursor.pgresult
+    return result is not None and result.status == pq.ExecStatus.COMMAND_OK
 
 
 def _has_rows(cursor: Any) -> bool:
