@@ -692,7 +692,7 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=2000, help="units per drain")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--latency-samples", type=int, default=100)
-    parser.add_argument("--starts", type=int, default=500, help="one-per-transaction starts")
+    parser.add_argument("--starts", type=int, default=2000, help="one-per-transaction starts")
     parser.add_argument("--skip", default="", help="comma list: procrastinate,dbos,ours-wide")
     parser.add_argument(
         "--only",
