@@ -340,7 +340,7 @@ def record_without_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     def pin_without_plan(*args: Any) -> pins.Pin:
         return dataclasses.replace(real(*args), plan=None)
 
-    def declared_only(row: Any) -> pins.SignalSchemas:
+    def declared_only(row: Any, declaration: Any = None) -> pins.SignalSchemas:
         declared = dict(catalog.get(row.definition_id, 1).signals)
         return pins.SignalSchemas(row.definition_id, None, declared)
 

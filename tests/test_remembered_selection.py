@@ -24,7 +24,7 @@ from django.db import OperationalError, connection, transaction
 
 import vertique_workflow as wf
 from tests.conftest import table_counts
-from tests.test_registry_errors import Plan, short_lock_timeout
+from tests.test_registry_errors import LOCK_KEY, Plan, short_lock_timeout
 from vertique_workflow import registry as registry_sync
 from vertique_workflow import tables
 from vertique_workflow.exceptions import (
@@ -290,10 +290,7 @@ def test_a_remembered_start_in_a_repeatable_read_transaction_reads_afresh():
 def test_an_admission_timeout_of_a_remembered_start_in_the_callers_transaction_loses_it(holder):
     """As the reference's admission in the caller's transaction: the data-access error."""
     wf.start("order", {"amount": 1}, idempotency_key="remember")
-    holder.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))",
-        ["order"],
-    )
+    holder.execute(LOCK_KEY, ["order"])
     before = table_counts()
     with short_lock_timeout(), transaction.atomic():
         with pytest.raises(OperationalError) as failed:
@@ -305,10 +302,7 @@ def test_an_admission_timeout_of_a_remembered_start_in_the_callers_transaction_l
 
 def test_an_admission_timeout_of_a_remembered_start_owning_its_transaction_names_the_id(holder):
     wf.start("order", {"amount": 1}, idempotency_key="remember")
-    holder.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended('vertique_workflow.definition:' || %s, 0))",
-        ["order"],
-    )
+    holder.execute(LOCK_KEY, ["order"])
     before = table_counts()
     with short_lock_timeout(), pytest.raises(WorkflowPersistenceError) as failed:
         wf.start("order", {"amount": 5}, idempotency_key="k-own")

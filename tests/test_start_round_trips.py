@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import transaction
 
@@ -23,24 +25,16 @@ def test_a_first_start_of_an_id_outside_a_transaction_waits_on_the_server_twice(
     """
     wf.start("order", {"amount": 0}, idempotency_key="warm")  # prepares the statements
     pipelined_start.forget_all()  # as in a process that has not started "order" yet
-    started = []
-    waits = client_waits(
-        lambda: started.append(wf.start("order", {"amount": 1}, idempotency_key="traced"))
-    )
+    waits, ref = traced_start("traced", 1)
     assert waits == ["Sync", "Sync"], waits
-    (ref,) = started
     assert ref.created and wf.get(ref.id).status == "PENDING"
 
 
 def test_a_later_start_of_the_id_waits_once():
     """The selection remembered: the admission lock and the guarded record, one pipeline."""
     wf.start("order", {"amount": 0}, idempotency_key="warm")
-    started = []
-    waits = client_waits(
-        lambda: started.append(wf.start("order", {"amount": 1}, idempotency_key="traced"))
-    )
+    waits, ref = traced_start("traced", 1)
     assert waits == ["Sync"], waits
-    (ref,) = started
     assert ref.created and wf.get(ref.id).status == "PENDING"
 
 
@@ -73,17 +67,13 @@ def test_a_later_start_in_the_callers_transaction_waits_once():
     wf.start("order", {"amount": 0}, idempotency_key="warm")
     with transaction.atomic():
         wf.start("order", {"amount": 0}, idempotency_key="outer-warm")
-        started = []
-        waits = client_waits(
-            lambda: started.append(wf.start("order", {"amount": 3}, idempotency_key="inner"))
-        )
+        waits, ref = traced_start("inner", 3)
         assert waits == ["Sync"], waits
-    (ref,) = started
     assert ref.created and wf.get(ref.id).status == "PENDING"
 
 
-def test_a_signal_outside_a_transaction_is_one_transaction_of_prepared_statements():
-    """BEGIN, key, instance, declared names, lock, open-signal count, key claim, insert, COMMIT.
+def test_a_signal_outside_a_transaction_is_one_read_and_one_pipeline_in_one_transaction():
+    """BEGIN; key + instance + declared names; lock and write in one pipeline; COMMIT.
 
     One commit for the reads and the writes, every statement prepared (a
     ``Query`` between BEGIN and COMMIT would be an unprepared Django cursor).
@@ -91,4 +81,30 @@ def test_a_signal_outside_a_transaction_is_one_transaction_of_prepared_statement
     ref = wf.start("order", {"amount": 5}, idempotency_key="for-signals")
     wf.signal(ref.id, "paid", {"amount_paid": 5}, dedup_key="warm")  # prepares the statements
     waits = client_waits(lambda: wf.signal(ref.id, "paid", {"amount_paid": 5}, dedup_key="traced"))
-    assert waits == ['Query "BEGIN"', *["Sync"] * 7, 'Query "COMMIT"'], waits
+    assert waits == ['Query "BEGIN"', "Sync", "Sync", 'Query "COMMIT"'], waits
+
+
+def test_a_signal_in_the_callers_transaction_is_one_read_one_pipeline_and_a_release():
+    """The pipeline opens the signal's own savepoint; its release is the third wait."""
+    ref = wf.start("order", {"amount": 5}, idempotency_key="for-signals")
+    with transaction.atomic():
+        wf.signal(ref.id, "paid", {"amount_paid": 5}, dedup_key="warm")
+        receipts = []
+        waits = client_waits(
+            lambda: receipts.append(
+                wf.signal(ref.id, "paid", {"amount_paid": 5}, dedup_key="traced")
+            )
+        )
+        assert waits == ["Sync", "Sync", "Sync"], waits
+    (receipt,) = receipts
+    assert receipt.command_id is not None and not receipt.duplicate
+
+
+def traced_start(key: str, amount: int) -> tuple[list[str], Any]:
+    """The waits of one start of "order" with ``key``, and its reference."""
+    started = []
+    waits = client_waits(
+        lambda: started.append(wf.start("order", {"amount": amount}, idempotency_key=key))
+    )
+    (ref,) = started
+    return waits, ref

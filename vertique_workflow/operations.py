@@ -25,7 +25,7 @@ from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowError, WorkflowNotFound, WorkflowValidationError
 from .pins import resolve_start_pin, signal_schema_source
 from .store import branches as branches_store
-from .store import commands, db, dedup, history, instances, pipelined_start
+from .store import commands, db, dedup, history, instances, pipelined_start, signal_record
 from .store import definitions as registry
 from .store import retention as retention_store
 from .store import tasks as tasks_store
@@ -403,40 +403,52 @@ def signal(
     fingerprint = _fingerprint(name=name, payload=payload, branch=branch)
     namespace = str(workflow_id)
     # Outside a caller's transaction: one of our own for the reads and the writes
-    # (one commit); inside one, the writes are a savepoint of it.
+    # (one commit); inside one, the writes are a savepoint of it. One read, then the
+    # lock and the writes in one pipeline (store.signal_record).
     owned = not db.connection().in_atomic_block
     try:
         with _atomic() if owned else contextlib.nullcontext():
-            earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)
-            if earlier is not None:
-                return _replayed_signal(earlier, fingerprint, workflow_id, name)
-            row = instances.get(workflow_id)
+            found = signal_record.read(namespace, dedup_key, workflow_id)
+            if found.earlier is not None:
+                return _replayed_signal(found.earlier, fingerprint, workflow_id, name)
+            row = found.instance
             if row is None:
                 raise WorkflowNotFound("no workflow instance with that id")
-            signal_schema_source(row).check_signal(name, payload)
+            declaration = (found.declaration_found, found.declared)
+            signal_schema_source(row, declaration).check_signal(name, payload)
             if row.ended:
                 raise WorkflowConflict(f"the instance has ended ({row.status}); signal refused")
-            with contextlib.nullcontext() if owned else _atomic():
-                commands.lock_instance(workflow_id, workflow_settings.LOCK_TIMEOUT_MS)
-                cap = workflow_settings.OPEN_SIGNALS_CAP
-                if not commands.raise_open_signals(workflow_id, cap):
+            cap = workflow_settings.OPEN_SIGNALS_CAP
+            written = signal_record.lock_and_write(
+                {
+                    **commands.insert_params(
+                        workflow_id,
+                        "SIGNAL",
+                        payload=payload,
+                        dedup_key=dedup_key,
+                        target=target,
+                        context=context.capture(),
+                        carrier=explicit,
+                        actor=context.stored_actor(actor),
+                    ),
+                    "cap": cap,
+                    "namespace": namespace,
+                    "fingerprint": fingerprint,
+                },
+                lock_timeout_ms=workflow_settings.LOCK_TIMEOUT_MS,
+                savepoint=not owned,
+            )
+            if written.command_id is None:
+                if not owned:
+                    signal_record.roll_back()  # a lost race raised the count: undone
+                if not written.raised:
                     raise WorkflowConflict(
                         f"the instance holds {cap} open signals (OPEN_SIGNALS_CAP); signal refused"
                     )
-                if not dedup.claim(
-                    "SIGNAL", DEFAULT_SCOPE, namespace, dedup_key, workflow_id, fingerprint
-                ):
-                    raise _LostKeyRace
-                command_id, _ = commands.insert(
-                    workflow_id,
-                    "SIGNAL",
-                    payload=payload,
-                    dedup_key=dedup_key,
-                    target=target,
-                    context=context.capture(),
-                    carrier=explicit,
-                    actor=context.stored_actor(actor),
-                )
+                raise _LostKeyRace  # owned: the atomic rolls the raised count back
+            if not owned:
+                signal_record.release()
+            command_id = written.command_id
     except _LostKeyRace:
         # another transaction committed the key first; our writes rolled back
         earlier = dedup.find("SIGNAL", DEFAULT_SCOPE, namespace, dedup_key)

@@ -197,7 +197,9 @@ class SignalSchemas:
             check_schema(schema, payload, f"payload of signal {name!r}")
 
 
-def signal_schema_source(row: InstanceRow) -> SignalSchemas:
+def signal_schema_source(
+    row: InstanceRow, declaration: tuple[bool, Any] | None = None
+) -> SignalSchemas:
     """Which signals the instance's pin admits: its registry row's ``signal_names_json``.
 
     Read in the caller's transaction, after the plan resolution (whose first
@@ -205,6 +207,11 @@ def signal_schema_source(row: InstanceRow) -> SignalSchemas:
     admits every name. Without any row (an instance started from this node's
     catalog before an executor recorded the definition) the resident plan's
     declaration stands in, as it did for the start itself.
+
+    ``declaration`` is ``(row found, signal_names_json)`` when the caller read
+    it with the instance (``store.signal_record``), before the plan
+    resolution: a NULL column read then is read again after it, in case that
+    resolution just filled it.
     """
     plan = exact_plan(
         row.definition_id,
@@ -212,9 +219,13 @@ def signal_schema_source(row: InstanceRow) -> SignalSchemas:
         row.plan_hash,
         scope=row.definition_scope_key,
     )
-    found, declared = registry.signal_declaration(
-        row.definition_scope_key, row.definition_id, row.definition_version
-    )
+    if declaration is not None and not (declaration[0] and declaration[1] is None):
+        found, value = declaration
+        declared = value if isinstance(value, dict) else None
+    else:
+        found, declared = registry.signal_declaration(
+            row.definition_scope_key, row.definition_id, row.definition_version
+        )
     if not found and plan is not None:
         declared = dict(plan.signals)
     return SignalSchemas(row.definition_id, plan, declared)

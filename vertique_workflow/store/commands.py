@@ -558,7 +558,19 @@ def try_lock_instance(workflow_id: Any) -> bool:
     return bool(row and row[0])
 
 
-def insert(
+def insert(workflow_id: Any, kind: str, **fields: Any) -> tuple[int, int]:
+    """Insert a PENDING command at the next queue position; returns (id, seq).
+
+    ``fields`` are :func:`insert_params`' keywords (payload, dedup key,
+    target, context, carrier, actor, and ``task_id``, the task a COMPLETION
+    completes).
+    """
+    row = db.fetchone_prepared(INSERT_COMMAND, insert_params(workflow_id, kind, **fields))
+    assert row is not None
+    return row[0], row[1]
+
+
+def insert_params(
     workflow_id: Any,
     kind: str,
     *,
@@ -569,32 +581,24 @@ def insert(
     carrier: Any = None,
     actor: Actor | None = None,
     task_id: Any = None,
-) -> tuple[int, int]:
-    """Insert a PENDING command at the next queue position; returns (id, seq).
-
-    ``task_id`` names the task a COMPLETION completes.
-    """
+) -> dict[str, Any]:
+    """The named parameters of a command's insert (``INSERT_COMMAND``; JSON values dumped)."""
     actor = actor or Actor()
-    row = db.fetchone_prepared(
-        INSERT_COMMAND,
-        {
-            "wf": workflow_id,
-            "kind": kind,
-            "payload": None if payload is None else json.dumps(payload),
-            "dedup_key": dedup_key,
-            "target": None if target is None else json.dumps(target),
-            "context": None if context is None else json.dumps(context),
-            "carrier": None if carrier is None else json.dumps(carrier),
-            "actor_kind": actor.kind,
-            "actor_id": actor.id,
-            "actor_reason": actor.reason,
-            "on_behalf_of": actor.on_behalf_of,
-            "attribution_status": actor.status,
-            "task_id": None if task_id is None else str(task_id),
-        },
-    )
-    assert row is not None
-    return row[0], row[1]
+    return {
+        "wf": workflow_id,
+        "kind": kind,
+        "payload": None if payload is None else json.dumps(payload),
+        "dedup_key": dedup_key,
+        "target": None if target is None else json.dumps(target),
+        "context": None if context is None else json.dumps(context),
+        "carrier": None if carrier is None else json.dumps(carrier),
+        "actor_kind": actor.kind,
+        "actor_id": actor.id,
+        "actor_reason": actor.reason,
+        "on_behalf_of": actor.on_behalf_of,
+        "attribution_status": actor.status,
+        "task_id": None if task_id is None else str(task_id),
+    }
 
 
 def raise_open_signals(workflow_id: Any, cap: int) -> bool:

@@ -50,10 +50,21 @@ FROM queue
 RETURNING id
 """
 
+# The columns of an InstanceRow, in its order (row_from_values)
+COLUMNS = (
+    "id, definition_id, definition_version, plan_hash, status, current_step_id, state_json, "
+    "business_key, subject_json, metadata, version, error_type, error_message, created_at, "
+    "updated_at, completed_at, archived_at, scope_key, definition_scope_key, baseline_logged"
+)
+
+
+def columns_of(alias: str) -> str:
+    """``COLUMNS`` qualified by a table alias, for a statement that joins the instance."""
+    return ", ".join(f"{alias}.{name}" for name in COLUMNS.split(", "))
+
+
 SELECT = f"""
-SELECT id, definition_id, definition_version, plan_hash, status, current_step_id, state_json,
-       business_key, subject_json, metadata, version, error_type, error_message, created_at,
-       updated_at, completed_at, archived_at, scope_key, definition_scope_key, baseline_logged
+SELECT {COLUMNS}
 FROM {T["instances"]} WHERE id = %s
 """
 
