@@ -269,6 +269,38 @@ def pipeline_cursors(count: int) -> tuple[Any, Any, list[Any]]:
     return wrapper, raw, [first, *extra[: count - 1]]
 
 
+class Savepoint:
+    """A named savepoint a record-side pipeline opens in the caller's transaction.
+
+    The statements are sent by the caller (``SAVEPOINT`` first in its
+    pipeline, ``RELEASE`` last or after judging); :meth:`undo` rolls back to
+    it and releases it, so the caller's transaction is as it was, after an
+    error or a refusal. One fixed name per use: a savepoint of the same name
+    the caller holds is only shadowed until this one is released.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.begin = f"SAVEPOINT {name}"
+        self.release = f"RELEASE SAVEPOINT {name}"
+        self.rollback_to = f"ROLLBACK TO SAVEPOINT {name}"
+
+    @staticmethod
+    def opened(cursor: Any) -> bool:
+        """Whether the cursor's ``SAVEPOINT`` statement ran (its command completed)."""
+        result = cursor.pgresult
+        return result is not None and result.status == psycopg.pq.ExecStatus.COMMAND_OK
+
+    def undo(self) -> None:
+        """Roll back to the savepoint and release it (a broken connection: nothing to undo)."""
+        wrapper = connection()
+        raw = wrapper.connection
+        if raw is None or raw.closed:
+            return
+        with wrapper.wrap_database_errors:
+            raw.execute(self.rollback_to)
+            raw.execute(self.release)
+
+
 def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     """``fetchone`` of a hot static statement, prepared once per connection."""
     wrapper, cur = _ready_cursor()

@@ -177,9 +177,7 @@ def record_on_remembered(record: Mapping[str, Any], digest: str) -> bool:
 
 # A start in the caller's transaction writes under a savepoint of its own, so an
 # error of the record (a business key taken) leaves the caller's transaction usable.
-SAVEPOINT = "SAVEPOINT vertique_workflow_start"
-RELEASE_SAVEPOINT = "RELEASE SAVEPOINT vertique_workflow_start"
-ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT vertique_workflow_start"
+SAVEPOINT = db.Savepoint("vertique_workflow_start")
 
 
 def record_on_remembered_in_transaction(record: Mapping[str, Any], digest: str) -> bool:
@@ -200,19 +198,17 @@ def record_on_remembered_in_transaction(record: Mapping[str, Any], digest: str) 
     wrapper, raw, (mark, lock, insert, release) = db.pipeline_cursors(4)
     try:
         with wrapper.wrap_database_errors, raw.pipeline():
-            mark.execute(SAVEPOINT, prepare=mark.prepare)
+            mark.execute(SAVEPOINT.begin, prepare=mark.prepare)
             lock.execute(
                 definitions.ADMIT_LOCK_SHARED,
                 [definitions.admission_lock_timeout(), params["definition"]],
                 prepare=lock.prepare,
             )
             insert.execute(RECORD_REMEMBERED_START, params, prepare=insert.prepare)
-            release.execute(RELEASE_SAVEPOINT, prepare=release.prepare)
+            release.execute(SAVEPOINT.release, prepare=release.prepare)
     except DatabaseError as exc:
-        if _has_statement_result(mark) and not raw.closed:
-            with wrapper.wrap_database_errors:
-                raw.execute(ROLLBACK_TO_SAVEPOINT)
-                raw.execute(RELEASE_SAVEPOINT)
+        if SAVEPOINT.opened(mark):
+            SAVEPOINT.undo()
         if _has_rows(lock):
             raise  # the record failed
         error = definitions.admission_error(exc, params["definition"])
@@ -311,12 +307,6 @@ def _require_read_committed(raw: Any, lock: Any) -> str:
         raw._vertique_stricter_isolation = True
         raise StricterIsolation(isolation)
     return str(isolation)
-
-
-def _has_statement_result(cursor: Any) -> bool:
-    """Whether the cursor's statement ran (a command such as SAVEPOINT completed)."""
-    result = cursor.pgresult
-    return result is not None and result.status == pq.ExecStatus.COMMAND_OK
 
 
 def _has_rows(cursor: Any) -> bool:

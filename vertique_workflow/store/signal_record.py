@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError
-from psycopg import pq
 
 from . import db, dedup, instances
 from .commands import LOCK_INSTANCE
@@ -85,9 +84,7 @@ SELECT EXISTS (SELECT 1 FROM q), EXISTS (SELECT 1 FROM claimed),
        (SELECT id FROM inserted), (SELECT seq FROM inserted)
 """
 
-SAVEPOINT = "SAVEPOINT vertique_workflow_signal"
-RELEASE_SAVEPOINT = "RELEASE SAVEPOINT vertique_workflow_signal"
-ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT vertique_workflow_signal"
+SAVEPOINT = db.Savepoint("vertique_workflow_signal")
 
 
 @dataclass(frozen=True)
@@ -134,7 +131,7 @@ def lock_and_write(params: dict[str, Any], *, lock_timeout_ms: int, savepoint: b
     try:
         with wrapper.wrap_database_errors, raw.pipeline():
             if savepoint:
-                mark.execute(SAVEPOINT, prepare=mark.prepare)
+                mark.execute(SAVEPOINT.begin, prepare=mark.prepare)
             lock.execute(
                 LOCK_INSTANCE,
                 (f"{int(lock_timeout_ms)}ms", str(params["wf"])),
@@ -142,8 +139,8 @@ def lock_and_write(params: dict[str, Any], *, lock_timeout_ms: int, savepoint: b
             )
             write.execute(WRITE, params, prepare=write.prepare)
     except DatabaseError:
-        if savepoint and _completed(mark):
-            roll_back()
+        if savepoint and SAVEPOINT.opened(mark):
+            SAVEPOINT.undo()
         raise
     raised, claimed, command_id, seq = write.fetchone()
     return Written(bool(raised), bool(claimed), command_id, seq)
@@ -151,20 +148,9 @@ def lock_and_write(params: dict[str, Any], *, lock_timeout_ms: int, savepoint: b
 
 def release() -> None:
     """Release the signal's savepoint: its writes become the caller's transaction's."""
-    db.execute_prepared(RELEASE_SAVEPOINT)
+    db.execute_prepared(SAVEPOINT.release)
 
 
 def roll_back() -> None:
     """Undo the signal's writes and release its savepoint; the caller's transaction goes on."""
-    wrapper = db.connection()
-    raw = wrapper.connection
-    if raw is None or raw.closed:
-        return
-    with wrapper.wrap_database_errors:
-        raw.execute(ROLLBACK_TO_SAVEPOINT)
-        raw.execute(RELEASE_SAVEPOINT)
-
-
-def _completed(cursor: Any) -> bool:
-    result = cursor.pgresult
-    return result is not None and result.status == pq.ExecStatus.COMMAND_OK
+    SAVEPOINT.undo()
