@@ -6,7 +6,7 @@ No database: the report is arithmetic over the figures a run collected.
 from __future__ import annotations
 
 from benchmarks.executor_benchmark import CommitWait
-from benchmarks.peers import GROUPS, Results, paired, report, run_order
+from benchmarks.peers import GROUPS, Results, each_interleaved, paired, report, run_order
 
 
 def test_paired_ratios_run_from_the_lowest_to_the_highest_repetition():
@@ -66,3 +66,34 @@ def test_compared_scenarios_run_back_to_back_and_swap_sides_every_other_repetiti
 def test_every_scenario_runs_once_a_repetition():
     names = [name for group in GROUPS for name in group]
     assert len(names) == len(set(names))  # a figure measured twice would unpair its ratios
+
+
+class _Side:
+    """A stand-in for one side of the one-at-a-time pair: fixed seconds a slice."""
+
+    def __init__(self, name: str, seconds: float, log: list[str]) -> None:
+        self.name, self.seconds, self.log = name, seconds, log
+
+    def chunk(self, count: int) -> float:
+        self.log.append(f"{self.name} {count}")
+        return self.seconds
+
+    def run(self) -> None:
+        self.log.append(f"{self.name} run")
+
+
+def test_the_one_at_a_time_pair_alternates_its_slices_and_runs_the_work_after():
+    log: list[str] = []
+    ours, proc = _Side("ours", 0.5, log), _Side("proc", 0.25, log)
+    ours.start_chunk, ours.run_started = ours.chunk, ours.run  # type: ignore[attr-defined]
+    proc.defer_chunk, proc.run_deferred = proc.chunk, proc.run  # type: ignore[attr-defined]
+    rates = each_interleaved(ours, proc, 1000, 4)  # type: ignore[arg-type]
+    assert log == [
+        "ours 250", "proc 250",
+        "proc 250", "ours 250",
+        "ours 250", "proc 250",
+        "proc 250", "ours 250",
+        "ours run", "proc run",
+    ]  # fmt: skip
+    # each side's count over the sum of its slices
+    assert rates == {"ours": 1000 / 2.0, "proc": 1000 / 1.0}
