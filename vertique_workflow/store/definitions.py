@@ -218,8 +218,14 @@ WHERE definition_scope_key = %s AND definition_id = %s AND definition_version = 
 """
 
 
+def _selection_where(definition: str, scope: str) -> str:
+    """The selection read's rows of both tables: the id's, in the start scope and default."""
+    return f"definition_id = {definition} AND scope_key IN ({scope}, 'default')"
+
+
 def _selection_read(definition: str, scope: str) -> str:
     """The selection read, its id and start scope spelled by the caller's placeholders."""
+    where = _selection_where(definition, scope)
     return f"""
 SELECT 'DEFINITION' AS source, scope_key, definition_version, status, kind, contract_name,
        state_type_name, failure_reason, plan_hash,
@@ -227,7 +233,7 @@ SELECT 'DEFINITION' AS source, scope_key, definition_version, status, kind, cont
        CASE WHEN status = 'AVAILABLE' THEN start_schema_json::text END,
        NULL::varchar AS target_scope_key
 FROM {T["definitions"]}
-WHERE definition_id = {definition} AND scope_key IN ({scope}, 'default')
+WHERE {where}
 UNION ALL
 SELECT 'ACTIVATION', scope_key, definition_version, NULL, NULL, NULL,
        NULL, NULL, NULL,
@@ -235,7 +241,7 @@ SELECT 'ACTIVATION', scope_key, definition_version, NULL, NULL, NULL,
        NULL::text,
        target_scope_key
 FROM {T["definition_activations"]}
-WHERE definition_id = {definition} AND scope_key IN ({scope}, 'default')
+WHERE {where}
 """
 
 
@@ -259,18 +265,29 @@ LEFT JOIN ({SELECTION_READ}) AS selection ({SELECTION_COLUMNS}) ON true
 
 
 def selection_digest(definition: str, scope: str) -> str:
-    """SQL: one digest of every row the selection read returns (a scalar ``SELECT``).
+    """SQL: the row versions the selection read returns, as one text (a scalar ``SELECT``).
 
-    The same expression is computed when a start reads its selection
-    (``START_READ_WITH_DIGEST``) and in the guard of a start that judged on a
-    remembered selection (:mod:`.pipelined_start`): equal digests, equal rows,
-    so the remembered judgement is the one a fresh read would give. The rows
-    are ordered by their own text, so the digest does not depend on a plan's
-    row order.
+    Each row the selection reads, of either table, by its version: its
+    ``ctid`` (where this version lies) and ``xmin`` (the transaction that
+    wrote it). Any change of a row, whatever the column, writes a new
+    version with another ``ctid`` (and another ``xmin`` unless the same
+    transaction wrote it again); an insert or a delete changes the list. So
+    equal texts mean the same visible rows, and the remembered judgement is
+    the one a fresh read would give (a rewrite of the table, ``VACUUM FULL``,
+    only makes the next start read afresh). The same expression is computed
+    when a start reads its selection (``START_READ_WITH_DIGEST``) and in the
+    guard of a start that judged on a remembered selection
+    (:mod:`.pipelined_start`); the versions are ordered by their own text,
+    so the digest does not depend on a plan's row order. Cheaper than a
+    digest of the rows' text: the schemas' JSON is not rendered.
     """
+    where = _selection_where(definition, scope)
     return f"""
-SELECT md5(coalesce(string_agg(selection::text, E'\\n' ORDER BY selection::text), ''))
-FROM ({_selection_read(definition, scope)}) AS selection ({SELECTION_COLUMNS})"""
+SELECT coalesce(string_agg(v, ',' ORDER BY v), '')
+FROM (SELECT 'd' || ctid::text || xmin::text AS v FROM {T["definitions"]} WHERE {where}
+      UNION ALL
+      SELECT 'a' || ctid::text || xmin::text FROM {T["definition_activations"]} WHERE {where}
+     ) AS versions"""
 
 
 # START_READ and the digest of its selection rows (a start outside a

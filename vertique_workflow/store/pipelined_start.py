@@ -36,8 +36,8 @@ reference says for those levels.
 
 **A remembered selection: one wait.** The first start of an id (in a scope)
 in a process reads its key and selection as above and remembers the
-selection with a digest of its rows (:func:`definitions.selection_digest`,
-computed by the server). A later start of the same id judges on the
+selection with the digest of its rows' versions (:func:`definitions.selection_digest`:
+each row's ``ctid`` and ``xmin``, read by the server). A later start of the same id judges on the
 remembered selection (version, start schema) and sends only the admission
 lock and a record guarded by the admission rule *and* by the digest of the
 selection as read under that lock (:func:`record_on_remembered`): one
@@ -45,7 +45,7 @@ pipeline, one wait, no key read. The record writes nothing when the key
 exists already (a replay), when the rule refuses the pin, or when the
 selection's rows have changed since they were remembered; the caller then
 takes the path above, which reads and judges afresh. Equal digests mean
-equal rows, so what the remembered selection judged is what a fresh read
+the same row versions, so what the remembered selection judged is what a fresh read
 would have judged; the remembered rows are never trusted otherwise.
 """
 
