@@ -23,7 +23,7 @@ from . import context, failures, payloads
 from .conf import workflow_settings
 from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowError, WorkflowNotFound, WorkflowValidationError
-from .pins import resolve_start_pin, signal_schema_source
+from .pins import Pin, resolve_start_pin, signal_schema_source
 from .store import branches as branches_store
 from .store import commands, db, dedup, history, instances, pipelined_start, signal_record
 from .store import definitions as registry
@@ -295,7 +295,7 @@ def _start_on_remembered_selection(request: _StartRequest, mode: str) -> Instanc
     return InstanceRef(instance_id, request.definition_id, pin.version, created=True)
 
 
-def _start_record(pin: Any, request: _StartRequest) -> tuple[uuid.UUID, dict[str, Any]]:
+def _start_record(pin: Pin, request: _StartRequest) -> tuple[uuid.UUID, dict[str, Any]]:
     """A new instance id and the record statement's parameters for ``pin``."""
     instance_id = uuid.uuid4()
     # captured once: the instance's metadata and the START command hold the same document
@@ -408,7 +408,7 @@ def signal(
     owned = not db.connection().in_atomic_block
     try:
         with _atomic() if owned else contextlib.nullcontext():
-            found = signal_record.read(namespace, dedup_key, workflow_id)
+            found = signal_record.read(DEFAULT_SCOPE, namespace, dedup_key, workflow_id)
             if found.earlier is not None:
                 return _replayed_signal(found.earlier, fingerprint, workflow_id, name)
             row = found.instance
@@ -432,6 +432,7 @@ def signal(
                         actor=context.stored_actor(actor),
                     ),
                     "cap": cap,
+                    "scope": DEFAULT_SCOPE,
                     "namespace": namespace,
                     "fingerprint": fingerprint,
                 },

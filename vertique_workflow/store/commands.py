@@ -56,25 +56,35 @@ TRY_LOCK_INSTANCE = f"""
 SELECT pg_try_advisory_xact_lock({EXECUTION_LOCK_NAMESPACE}, hashtext(%s::text))
 """
 
-# Allocate the next queue position and insert the command in one statement.
-# recorded_at is the clock at the insert; available_at the transaction's start
-# (never later than the commit), so a command is claimable as soon as it is
-# visible, even to a reader whose transaction began before the recording's.
-INSERT_COMMAND = f"""
-WITH q AS (
-    INSERT INTO {T["command_queues"]} AS cq (workflow_id, next_seq) VALUES (%(wf)s, 2)
-    ON CONFLICT (workflow_id) DO UPDATE SET next_seq = cq.next_seq + 1
-    RETURNING next_seq - 1 AS seq
-)
-INSERT INTO {T["commands"]} (workflow_id, seq, kind, state, payload_json, dedup_key,
+
+def insert_command_from(source: str) -> str:
+    """The insert of a PENDING command at ``q.seq`` (``insert_params``' names), from ``source``.
+
+    ``source`` is the FROM list that yields ``q`` (the queue position) and
+    decides whether a row is inserted. recorded_at is the clock at the
+    insert; available_at the transaction's start (never later than the
+    commit), so a command is claimable as soon as it is visible, even to a
+    reader whose transaction began before the recording's.
+    """
+    return f"""INSERT INTO {T["commands"]} (workflow_id, seq, kind, state, payload_json, dedup_key,
     target_json, context_json, explicit_carrier_json, actor_kind, actor_id, actor_reason,
     on_behalf_of, attribution_status, task_id, recorded_at, available_at)
 SELECT %(wf)s, q.seq, %(kind)s, 'PENDING', %(payload)s::jsonb, %(dedup_key)s,
        %(target)s::jsonb, %(context)s::jsonb, %(carrier)s::jsonb, %(actor_kind)s, %(actor_id)s,
        %(actor_reason)s, %(on_behalf_of)s, %(attribution_status)s, %(task_id)s::uuid,
        clock_timestamp(), now()
-FROM q
-RETURNING id, seq
+FROM {source}
+RETURNING id, seq"""
+
+
+# Allocate the next queue position and insert the command in one statement.
+INSERT_COMMAND = f"""
+WITH q AS (
+    INSERT INTO {T["command_queues"]} AS cq (workflow_id, next_seq) VALUES (%(wf)s, 2)
+    ON CONFLICT (workflow_id) DO UPDATE SET next_seq = cq.next_seq + 1
+    RETURNING next_seq - 1 AS seq
+)
+{insert_command_from("q")}
 """
 
 # One more open signal, creating the queue row on first touch (its first

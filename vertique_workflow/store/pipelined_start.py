@@ -195,26 +195,7 @@ def record_on_remembered_in_transaction(record: Mapping[str, Any], digest: str) 
     ``BEGIN`` from psycopg first.
     """
     params = {**record, "selection_digest": digest}
-    wrapper, raw, (mark, lock, insert, release) = db.pipeline_cursors(4)
-    try:
-        with wrapper.wrap_database_errors, raw.pipeline():
-            mark.execute(SAVEPOINT.begin, prepare=mark.prepare)
-            lock.execute(
-                definitions.ADMIT_LOCK_SHARED,
-                [definitions.admission_lock_timeout(), params["definition"]],
-                prepare=lock.prepare,
-            )
-            insert.execute(RECORD_REMEMBERED_START, params, prepare=insert.prepare)
-            release.execute(SAVEPOINT.release, prepare=release.prepare)
-    except DatabaseError as exc:
-        if SAVEPOINT.opened(mark):
-            SAVEPOINT.undo()
-        if _has_rows(lock):
-            raise  # the record failed
-        error = definitions.admission_error(exc, params["definition"])
-        if error is exc:
-            raise
-        raise error from exc
+    lock, _, insert, _ = _send(RECORD_REMEMBERED_START, params, savepoint=SAVEPOINT)
     _, isolation, _ = lock.fetchone()
     return isolation == READ_COMMITTED and insert.fetchone() is not None
 
@@ -236,24 +217,37 @@ def admit_and_record(record: Mapping[str, Any]) -> bool:
 
 
 def _send(
-    record_sql: str, params: Mapping[str, Any], *, with_rows: bool = False
+    record_sql: str,
+    params: Mapping[str, Any],
+    *,
+    with_rows: bool = False,
+    savepoint: db.Savepoint | None = None,
 ) -> tuple[Any, ...]:
     """The shared id lock, the id's rows (``with_rows``) and the record, as one pipeline.
 
     (lock, rows or None, record, the psycopg connection), each cursor holding
-    its statement's result. No BEGIN and no COMMIT: the statements up to the
-    pipeline's one Sync are one transaction, committed at the Sync (rolled
-    back by an error). An error of the lock or the rows is the admission's
+    its statement's result. Without ``savepoint`` no BEGIN and no COMMIT:
+    the statements up to the pipeline's one Sync are one transaction,
+    committed at the Sync (rolled back by an error). With it (the caller's
+    open transaction) they are wrapped in that savepoint and its release,
+    nothing is committed, and an error rolls back to the savepoint and
+    releases it. An error of the lock or the rows is the admission's
     (:func:`definitions.admission_error`); the record's is raised as it is
     (its guard had admitted the pin: a refused one writes nothing, so it
     cannot fail on a conflict).
     """
-    count = 3 if with_rows else 2
+    count = 2 + int(with_rows) + (2 if savepoint is not None else 0)
     wrapper, raw, cursors = db.pipeline_cursors(count)
-    lock, insert = cursors[0], cursors[-1]
-    rows = cursors[1] if with_rows else None
+    taken = iter(cursors)
+    mark = next(taken) if savepoint is not None else None
+    lock = next(taken)
+    rows = next(taken) if with_rows else None
+    insert = next(taken)
+    release = next(taken) if savepoint is not None else None
     try:
         with wrapper.wrap_database_errors, raw.pipeline():
+            if mark is not None and savepoint is not None:
+                mark.execute(savepoint.begin, prepare=mark.prepare)
             lock.execute(
                 definitions.ADMIT_LOCK_SHARED,
                 [definitions.admission_lock_timeout(), params["definition"]],
@@ -262,15 +256,19 @@ def _send(
             if rows is not None:
                 rows.execute(definitions.PIN_ROWS, [params["definition"]], prepare=rows.prepare)
             insert.execute(record_sql, params, prepare=insert.prepare)
+            if release is not None and savepoint is not None:
+                release.execute(savepoint.release, prepare=release.prepare)
     except DatabaseError as exc:
-        if _has_rows(cursors[-2]):
+        if mark is not None and savepoint is not None and savepoint.opened(mark):
+            savepoint.undo()
+        if _has_rows(rows if rows is not None else lock):
             raise  # the record failed
         error = definitions.admission_error(exc, params["definition"])  # lock or rows failed
         if error is exc:
             raise
         raise error from exc
     finally:
-        if not raw.closed and raw.info.transaction_status != _IDLE:
+        if savepoint is None and not raw.closed and raw.info.transaction_status != _IDLE:
             _rollback(raw)  # interrupted in between: never leave the transaction open
     return lock, rows, insert, raw
 

@@ -31,6 +31,7 @@ from .history import (
     named_command_join,
 )
 from .instances import InstanceRow, row_from_values
+from .instances import columns_of as instance_columns
 
 T = db.T
 
@@ -47,10 +48,7 @@ SELECT c.id, c.workflow_id, c.seq, c.kind, c.payload_json, c.target_json, c.dedu
        c.context_json, c.explicit_carrier_json, c.actor_kind, c.actor_id, c.actor_reason,
        c.on_behalf_of, c.attribution_status, c.attempts, c.claimed_by, c.timer_kind,
        c.timer_id, c.task_id,
-       i.id, i.definition_id, i.definition_version, i.plan_hash, i.status, i.current_step_id,
-       i.state_json, i.business_key, i.subject_json, i.metadata, i.version, i.error_type,
-       i.error_message, i.created_at, i.updated_at, i.completed_at, i.archived_at, i.scope_key,
-       i.definition_scope_key, i.baseline_logged,
+       {instance_columns("i")},
        EXISTS (SELECT 1 FROM {T["commands"]} p
                WHERE p.workflow_id = c.workflow_id AND p.state IN ('PARKED', 'DEAD'))
 FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id

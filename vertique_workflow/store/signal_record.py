@@ -32,7 +32,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from . import db, dedup, instances
-from .commands import LOCK_INSTANCE
+from .commands import LOCK_INSTANCE, insert_command_from
 from .instances import InstanceRow
 
 T = db.T
@@ -65,20 +65,12 @@ WITH q AS (
 ), claimed AS (
     INSERT INTO {T["dedup"]} (kind, scope_key, dedup_namespace, key, workflow_id, fingerprint,
                               result_json)
-    SELECT 'SIGNAL', 'default', %(namespace)s, %(dedup_key)s, %(wf)s, %(fingerprint)s, NULL
+    SELECT 'SIGNAL', %(scope)s, %(namespace)s, %(dedup_key)s, %(wf)s, %(fingerprint)s, NULL
     FROM q
     ON CONFLICT (kind, scope_key, dedup_namespace, key) DO NOTHING
     RETURNING workflow_id
 ), inserted AS (
-    INSERT INTO {T["commands"]} (workflow_id, seq, kind, state, payload_json, dedup_key,
-        target_json, context_json, explicit_carrier_json, actor_kind, actor_id, actor_reason,
-        on_behalf_of, attribution_status, recorded_at, available_at)
-    SELECT %(wf)s, q.seq, 'SIGNAL', 'PENDING', %(payload)s::jsonb, %(dedup_key)s,
-           %(target)s::jsonb, %(context)s::jsonb, %(carrier)s::jsonb, %(actor_kind)s,
-           %(actor_id)s, %(actor_reason)s, %(on_behalf_of)s, %(attribution_status)s,
-           clock_timestamp(), now()
-    FROM q CROSS JOIN claimed
-    RETURNING id, seq
+{insert_command_from("q CROSS JOIN claimed")}
 )
 SELECT EXISTS (SELECT 1 FROM q), EXISTS (SELECT 1 FROM claimed),
        (SELECT id FROM inserted), (SELECT seq FROM inserted)
@@ -107,9 +99,9 @@ class Written:
     seq: int | None
 
 
-def read(namespace: str, dedup_key: str, workflow_id: Any) -> Read:
-    """The key's row, the instance and its pinned row's declared names, in one statement."""
-    row = db.fetchone_prepared(READ, ("SIGNAL", "default", namespace, dedup_key, workflow_id))
+def read(scope: str, namespace: str, dedup_key: str, workflow_id: Any) -> Read:
+    """The key's row (``SIGNAL`` in ``scope``), the instance and its pin's declared names."""
+    row = db.fetchone_prepared(READ, ("SIGNAL", scope, namespace, dedup_key, workflow_id))
     assert row is not None  # the VALUES row
     earlier = None if row[0] is None else (row[0], row[1], row[2])
     values = row[3:23]
