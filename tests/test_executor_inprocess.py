@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -96,3 +97,87 @@ def test_the_daemons_refuse_a_database_without_this_releases_migrations(scratch_
         ) in refused.stderr
     run_manage("migrate", "-v", "0", dbname=scratch_database)
     run_manage("workflow_executor", "--until-idle", dbname=scratch_database)
+
+
+def _heads_of_ended_instances(count: int) -> list[int]:
+    """``count`` SIGNAL heads of COMPLETED instances, which the common path's claim walks past.
+
+    Each ``order`` of amount 0 ends in its START segment; its "paid" signal,
+    recorded before, is then the head of an ended instance: only the general
+    path settles it.
+    """
+    from vertique_workflow.models import WorkflowCommand
+
+    refs = []
+    for index in range(count):
+        ref = wf.start("order", {"amount": 0}, idempotency_key=f"ended-{index}")
+        wf.signal(ref.id, "paid", {"amount_paid": 1}, dedup_key=f"paid-{index}")
+        refs.append(ref)
+    while segment.run_next("test") is not None:
+        pass
+    assert {wf.get(ref.id).status for ref in refs} == {"COMPLETED"}
+    heads = WorkflowCommand.objects.filter(kind="SIGNAL", state="PENDING")
+    assert heads.count() == count  # the common path left them all
+    return list(heads.values_list("id", flat=True))
+
+
+def test_the_general_path_clears_heads_the_claim_walks_past_while_work_flows():
+    """Heads the claim leaves (here: signals of ended instances) are settled by the periodic
+    turn of the general path, oldest first, although the claim keeps finding work behind
+    them; before, they stayed until the claim found nothing, each claim walking past them."""
+    from vertique_workflow.models import WorkflowCommand
+
+    stuck = _heads_of_ended_instances(6)
+    for index in range(10):
+        wf.start("order", {"amount": 0}, idempotency_key=f"later-{index}")
+    executor = Executor(
+        ExecutorOptions(
+            concurrency=1, poll_interval=0.05, max_commands=6, stats_interval=60, grace_seconds=10
+        )
+    )
+    assert executor.run() == 0
+    states = dict(WorkflowCommand.objects.filter(id__in=stuck).values_list("id", "state"))
+    assert states == {command_id: "REJECTED" for command_id in stuck}
+    assert executor.stats.snapshot()["settled"] == 6
+    assert executor.stats.snapshot()["completed"] == 0
+    assert WorkflowInstance.objects.filter(status="PENDING").count() == 10
+
+
+def test_the_general_path_turn_comes_once_an_interval(monkeypatch):
+    """Between turns the common path runs first: with the interval not yet passed, the claim
+    takes the work behind the left heads, which wait for the next turn."""
+    from vertique_workflow.models import WorkflowCommand
+
+    monkeypatch.setattr(daemon, "GENERAL_PATH_EVERY", 3600.0)
+    stuck = _heads_of_ended_instances(2)
+    for index in range(4):
+        wf.start("order", {"amount": 0}, idempotency_key=f"later-{index}")
+    executor = Executor(
+        ExecutorOptions(
+            concurrency=1, poll_interval=0.05, max_commands=5, stats_interval=60, grace_seconds=10
+        )
+    )
+    executor._general_path_at = time.monotonic() + 3600.0  # the first turn already taken
+    assert executor.run() == 0
+    # the claim ran the four starts; only then, with nothing claimable, the general path
+    assert executor.stats.snapshot()["completed"] == 4
+    assert executor.stats.snapshot()["settled"] == 1
+    states = sorted(WorkflowCommand.objects.filter(id__in=stuck).values_list("state", flat=True))
+    assert states == ["PENDING", "REJECTED"]
+    assert executor._general_path_due() is False
+
+
+def test_a_turn_of_the_general_path_ends_at_a_batch_without_left_heads():
+    """The turn goes on batch after batch only while a batch held a head the claim leaves:
+    the first batch of four (two left heads, two starts) is followed by one of four starts,
+    and there the turn ends, leaving the rest to the common path."""
+    from vertique_workflow.models import WorkflowCommand
+
+    stuck = _heads_of_ended_instances(2)
+    for index in range(10):
+        wf.start("order", {"amount": 0}, idempotency_key=f"later-{index}")
+    executor = Executor(ExecutorOptions(concurrency=1, stats_interval=60))
+    assert executor._general_path(0, sweep=True) is True
+    assert WorkflowCommand.objects.filter(id__in=stuck, state="REJECTED").count() == 2
+    assert executor.stats.snapshot()["completed"] == 6
+    assert WorkflowInstance.objects.filter(status="PENDING").count() == 4
