@@ -26,6 +26,11 @@ The settings in force are printed with the figures. Statistics are refreshed
 prints each cell's median and range: a shared machine's speed drifts over
 minutes, and one pass in a fixed order favours the cells that run first (the
 one-process cells, here). ``--kinds three`` leaves out the signal workflow.
+
+``--left-heads N`` puts N commands the executors' claim walks past in front of
+every cell's instances (SIGNAL heads of completed instances, which only the
+general path settles; docs/executor.md, "How work is found"): the cell's rate
+is then its wall time, settling them included.
 """
 
 from __future__ import annotations
@@ -296,6 +301,38 @@ def record(kind: str, count: int) -> None:
             wf.start(definition, {}, idempotency_key=f"{batch}-{i}")
 
 
+def record_left_heads(count: int) -> None:
+    """``count`` SIGNAL heads of completed instances, older than what a cell records next.
+
+    Each ``bench-signal`` instance takes two "go" signals: the first completes
+    it, the second is then the head of an ended instance. They are made
+    in-process (``run_next`` until nothing is claimable), so they are in front
+    of the queue before the executors start.
+    """
+    from django.db import transaction
+
+    import vertique_workflow as wf
+    from vertique_workflow.executor.segment import run_next
+
+    batch = str(uuid.uuid4())
+    with transaction.atomic():
+        refs = [wf.start("bench-signal", {}, idempotency_key=f"{batch}-{i}") for i in range(count)]
+        for ref in refs:
+            wf.signal(ref.id, "go", None, dedup_key="go")
+            wf.signal(ref.id, "go", None, dedup_key="go-again")
+    while run_next("left-heads") is not None:
+        pass
+
+
+def left_heads_open(url: str) -> int:
+    """SIGNAL commands still open (the left heads not settled yet)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM workflow_commands WHERE kind = 'SIGNAL' AND state = 'PENDING'"
+        ).fetchone()
+    return int(row[0])
+
+
 def record_signals() -> int:
     import vertique_workflow as wf
     from vertique_workflow.models import WorkflowInstance
@@ -433,9 +470,17 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(ordered):.0f}/s ({ordered[0]:.0f} to {ordered[-1]:.0f})"
 
 
-def measure(url: str, counters: Counters, cell: Cell, instances: int) -> dict[str, float]:
-    """Record ``instances`` instances of the cell's kind, drain them, and return its figures."""
+def measure(
+    url: str, counters: Counters, cell: Cell, instances: int, left_heads: int = 0
+) -> dict[str, float]:
+    """Record ``instances`` instances of the cell's kind, drain them, and return its figures.
+
+    ``left_heads``: that many heads the claim walks past are recorded first
+    (:func:`record_left_heads`); the rate is then the executors' wall time.
+    """
     reset_instances()
+    if left_heads:
+        record_left_heads(left_heads)
     record(cell.kind, instances)
     analyze(url)
     calls0, commits0 = counters.read()
@@ -454,6 +499,10 @@ def measure(url: str, counters: Counters, cell: Cell, instances: int) -> dict[st
         rss = max(rss, rss2)
     calls1, commits1 = counters.read()
     seconds = span if cell.kind == "three" else signal_span(url)
+    if left_heads:
+        if left_heads_open(url):
+            raise SystemExit("the executors left heads of ended instances unsettled")
+        seconds = wall
     return {
         "rate": instances / seconds,
         "wall_rate": instances / wall,
@@ -477,10 +526,18 @@ def main() -> None:
         help="run every cell this many times, alternating the order; print medians",
     )
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput table")
+    parser.add_argument(
+        "--left-heads",
+        type=int,
+        default=0,
+        help="this many heads the claim walks past in front of each cell (three only)",
+    )
     args = parser.parse_args()
     kinds = [kind for kind in args.kinds.split(",") if kind]
     if not set(kinds) <= {"three", "signal"} or args.repetitions < 1:
         parser.error("--kinds takes three and/or signal; --repetitions at least 1")
+    if args.left_heads < 0 or (args.left_heads and kinds != ["three"]):
+        parser.error("--left-heads takes a count of at least 0, with --kinds three")
     cells = [
         Cell(kind, processes, threads)
         for kind in ([] if args.latency_only else kinds)
@@ -497,10 +554,11 @@ def main() -> None:
             if args.repetitions > 1:
                 print(f"-- repetition {repetition + 1} of {args.repetitions}", flush=True)
             for cell in run_order(cells, repetition):
-                figures = measure(url, counters, cell, args.instances)
+                figures = measure(url, counters, cell, args.instances, args.left_heads)
                 rates[cell].append(figures["rate"])
+                behind = f" behind {args.left_heads:,} left heads" if args.left_heads else ""
                 print(
-                    f"{cell.label}: {figures['rate']:7.0f} instances/s "
+                    f"{cell.label}{behind}: {figures['rate']:7.0f} instances/s "
                     f"(wall incl. process start {figures['wall_rate']:5.0f}/s) "
                     f"(ratio to commit limit {figures['rate'] / limit:.3f}); peak RSS "
                     f"{figures['rss'] / 1024:.0f} MB; executor statements/instance "

@@ -99,7 +99,8 @@ class ExecutorOptions:
 # each claim walking past all of them (12,000 of them made every claim take
 # 56 ms). So one worker of each process takes the general path first once
 # every GENERAL_PATH_EVERY seconds, batch after batch while it finds them (the
-# outcomes of LEFT_TO_GENERAL_PATH).
+# outcomes of LEFT_TO_GENERAL_PATH), and while it does, every worker that
+# comes to its claim joins it.
 GENERAL_PATH_EVERY = 1.0  # seconds
 LEFT_TO_GENERAL_PATH = frozenset({"DEFERRED", "SETTLED", "DEAD"})
 
@@ -353,15 +354,17 @@ class Executor:
         ended instances (settled), heads out of attempts (dead-lettered),
         heads whose plan this node lacks (deferred), busy heads. ``sweep``
         (the periodic turn): batch after batch while a batch held such a
-        head, so a pile of them in front of the queue is cleared in one turn
-        even while the claim keeps finding work behind it.
+        head, and meanwhile every worker that comes to its claim joins the
+        turn, so a pile of them in front of the queue is cleared by all the
+        workers even while the claim keeps finding work behind it.
         """
         ran = False
         while True:
             heads = commands.peek(max(2 * self.options.concurrency, 4))
             if not heads:
                 return ran
-            offset = index % len(heads)  # workers start at different heads
+            # workers start at different heads, spread over the batch
+            offset = index * len(heads) // self.options.concurrency % len(heads)
             left_behind = False
             for head in heads[offset:] + heads[:offset]:
                 if self.stopping.is_set() or self._budget_spent():
@@ -379,6 +382,8 @@ class Executor:
                 left_behind = left_behind or outcome.result in LEFT_TO_GENERAL_PATH
             if not (sweep and left_behind):
                 return ran
+            with self._lock:
+                self._general_path_at = 0.0  # the next worker at its claim joins the turn
 
     def _record(self, outcome: segment.Outcome) -> None:
         self.stats.record(outcome.result)

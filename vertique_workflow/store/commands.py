@@ -101,7 +101,7 @@ SELECT c.id, c.workflow_id, c.seq, c.kind, i.status, i.definition_scope_key, i.d
        i.definition_version, i.plan_hash, COALESCE(c.target_json ? 'branchId', FALSE)
 FROM {T["commands"]} c JOIN {T["instances"]} i ON i.id = c.workflow_id
 WHERE {claimable("c")}
-ORDER BY c.available_at, c.id
+ORDER BY c.available_at
 LIMIT %s
 """
 
