@@ -44,14 +44,23 @@ def test_a_dead_worker_is_logged_and_restarted(monkeypatch, caplog):
     assert executor.stats.snapshot()["completed"] == 1
 
 
+def _one_worker(*, max_commands: int) -> Executor:
+    """An in-process executor of one worker that stops after ``max_commands`` commands."""
+    return Executor(
+        ExecutorOptions(
+            concurrency=1,
+            poll_interval=0.05,
+            max_commands=max_commands,
+            stats_interval=60,
+            grace_seconds=10,
+        )
+    )
+
+
 def test_max_commands_stops_after_the_budget():
     for index in range(3):
         wf.start("order", {"amount": 5}, idempotency_key=f"k{index}")
-    executor = Executor(
-        ExecutorOptions(
-            concurrency=1, poll_interval=0.05, max_commands=2, stats_interval=60, grace_seconds=10
-        )
-    )
+    executor = _one_worker(max_commands=2)
     assert executor.run() == 0
     assert executor.stats.snapshot()["completed"] == 2
     statuses = sorted(WorkflowInstance.objects.values_list("status", flat=True))
@@ -130,11 +139,7 @@ def test_the_general_path_clears_heads_the_claim_walks_past_while_work_flows():
     stuck = _heads_of_ended_instances(6)
     for index in range(10):
         wf.start("order", {"amount": 0}, idempotency_key=f"later-{index}")
-    executor = Executor(
-        ExecutorOptions(
-            concurrency=1, poll_interval=0.05, max_commands=6, stats_interval=60, grace_seconds=10
-        )
-    )
+    executor = _one_worker(max_commands=6)
     assert executor.run() == 0
     states = dict(WorkflowCommand.objects.filter(id__in=stuck).values_list("id", "state"))
     assert states == {command_id: "REJECTED" for command_id in stuck}
@@ -152,11 +157,7 @@ def test_the_general_path_turn_comes_once_an_interval(monkeypatch):
     stuck = _heads_of_ended_instances(2)
     for index in range(4):
         wf.start("order", {"amount": 0}, idempotency_key=f"later-{index}")
-    executor = Executor(
-        ExecutorOptions(
-            concurrency=1, poll_interval=0.05, max_commands=5, stats_interval=60, grace_seconds=10
-        )
-    )
+    executor = _one_worker(max_commands=5)
     executor._general_path_at = time.monotonic() + 3600.0  # the first turn already taken
     assert executor.run() == 0
     # the claim ran the four starts; only then, with nothing claimable, the general path
