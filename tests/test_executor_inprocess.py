@@ -182,3 +182,20 @@ def test_a_turn_of_the_general_path_ends_at_a_batch_without_left_heads():
     assert WorkflowCommand.objects.filter(id__in=stuck, state="REJECTED").count() == 2
     assert executor.stats.snapshot()["completed"] == 6
     assert WorkflowInstance.objects.filter(status="PENDING").count() == 4
+
+
+def test_in_a_turn_each_worker_runs_its_share_of_the_batch():
+    """Workers that joined a turn peek the same oldest heads: each runs its share only (here
+    the second of two workers the second half of a batch of four: two starts, no left head,
+    so its turn ends) instead of walking into the heads the others are settling."""
+    from vertique_workflow.models import WorkflowCommand
+
+    stuck = _heads_of_ended_instances(2)
+    for index in range(10):
+        wf.start("order", {"amount": 0}, idempotency_key=f"later-{index}")
+    executor = Executor(ExecutorOptions(concurrency=2, stats_interval=60))
+    assert executor._general_path(1, sweep=True) is True
+    assert executor.stats.snapshot()["completed"] == 2
+    assert WorkflowCommand.objects.filter(id__in=stuck, state="PENDING").count() == 2
+    assert executor._general_path(0, sweep=True) is True
+    assert WorkflowCommand.objects.filter(id__in=stuck, state="REJECTED").count() == 2

@@ -355,18 +355,26 @@ class Executor:
         heads whose plan this node lacks (deferred), busy heads. ``sweep``
         (the periodic turn): batch after batch while a batch held such a
         head, and meanwhile every worker that comes to its claim joins the
-        turn, so a pile of them in front of the queue is cleared by all the
-        workers even while the claim keeps finding work behind it.
+        turn (each running its share of a batch), so a pile of them in front
+        of the queue is cleared by all the workers even while the claim keeps
+        finding work behind it.
         """
         ran = False
         while True:
             heads = commands.peek(max(2 * self.options.concurrency, 4))
             if not heads:
                 return ran
-            # workers start at different heads, spread over the batch
-            offset = index * len(heads) // self.options.concurrency % len(heads)
+            # workers start at different heads, spread over the batch; in a turn
+            # each runs its share only and peeks again, so the workers that
+            # joined it do not walk into each other's heads (each one a wasted
+            # transaction)
+            concurrency = self.options.concurrency
+            offset = index * len(heads) // concurrency % len(heads)
+            batch = heads[offset:] + heads[:offset]
+            if sweep:
+                batch = batch[: -(-len(heads) // concurrency)]
             left_behind = False
-            for head in heads[offset:] + heads[:offset]:
+            for head in batch:
                 if self.stopping.is_set() or self._budget_spent():
                     return ran
                 self._busy[index] = True
