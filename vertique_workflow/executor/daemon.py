@@ -324,7 +324,8 @@ class Executor:
 
         The common path's claim first; the general path when it claimed
         nothing, and once every ``GENERAL_PATH_EVERY`` seconds (one worker of
-        the process) before it, whatever the claim would find.
+        the process, joined by the others while it finds heads the claim
+        leaves) before it, whatever the claim would find.
         """
         if self._general_path_due() and self._general_path(index, sweep=True):
             return True

@@ -56,6 +56,7 @@ COLUMNS = (
     "business_key, subject_json, metadata, version, error_type, error_message, created_at, "
     "updated_at, completed_at, archived_at, scope_key, definition_scope_key, baseline_logged"
 )
+COLUMN_COUNT = len(COLUMNS.split(", "))
 
 
 def columns_of(alias: str) -> str:

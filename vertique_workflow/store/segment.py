@@ -30,6 +30,7 @@ from .history import (
     entry_array,
     named_command_join,
 )
+from .instances import COLUMN_COUNT as INSTANCE_COLUMN_COUNT
 from .instances import InstanceRow, row_from_values
 from .instances import columns_of as instance_columns
 
@@ -166,7 +167,8 @@ def fence_and_load(command_id: int, token: Any) -> Loaded | None:
         timer_id,
         task_id,
     )
-    return Loaded(command, row_from_values(row[19:39]), bool(row[39]))
+    end = 19 + INSTANCE_COLUMN_COUNT
+    return Loaded(command, row_from_values(row[19:end]), bool(row[end]))
 
 
 def persist(

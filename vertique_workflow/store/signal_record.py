@@ -104,10 +104,12 @@ def read(scope: str, namespace: str, dedup_key: str, workflow_id: Any) -> Read:
     row = db.fetchone_prepared(READ, ("SIGNAL", scope, namespace, dedup_key, workflow_id))
     assert row is not None  # the VALUES row
     earlier = None if row[0] is None else (row[0], row[1], row[2])
-    values = row[3:23]
+    end = 3 + instances.COLUMN_COUNT
+    values = row[3:end]
     instance = None if values[0] is None else instances.row_from_values(values)
-    declared = db.load_json(row[24]) if row[24] is not None else None
-    return Read(earlier, instance, bool(row[23]), declared)
+    found, names = row[end], row[end + 1]
+    declared = db.load_json(names) if names is not None else None
+    return Read(earlier, instance, bool(found), declared)
 
 
 def lock_and_write(params: dict[str, Any], *, lock_timeout_ms: int, savepoint: bool) -> Written:
