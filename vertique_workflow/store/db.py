@@ -16,6 +16,7 @@ from django.db import DatabaseError, connections
 from ..conf import workflow_settings
 from ..exceptions import WorkflowConflict, WorkflowPersistenceError
 from ..tables import sql_names
+from . import direct_statements
 
 T = sql_names()
 
@@ -238,6 +239,7 @@ class _PreparingCursor(psycopg.Cursor):  # type: ignore[type-arg]
     """A psycopg cursor whose ``execute`` prepares (or not, by the setting)."""
 
     prepare: bool = True
+    _vertique_direct: direct_statements.Statements | None = None
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         kwargs.setdefault("prepare", self.prepare)
@@ -305,6 +307,9 @@ def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     """``fetchone`` of a hot static statement, prepared once per connection."""
     wrapper, cur = _ready_cursor()
     with wrapper.wrap_database_errors:
+        direct = _direct(cur)
+        if direct is not None:
+            return direct.fetchone(sql, params)
         _execute(cur, sql, params, prepare=cur.prepare)
         return cur.fetchone()
 
@@ -313,6 +318,9 @@ def fetchall_prepared(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
     """``fetchall`` of a hot static statement, prepared once per connection."""
     wrapper, cur = _ready_cursor()
     with wrapper.wrap_database_errors:
+        direct = _direct(cur)
+        if direct is not None:
+            return direct.fetchall(sql, params)
         _execute(cur, sql, params, prepare=cur.prepare)
         return cur.fetchall()
 
@@ -321,8 +329,25 @@ def execute_prepared(sql: str, params: Any = ()) -> int:
     """``execute`` of a hot static statement, prepared once per connection; its rowcount."""
     wrapper, cur = _ready_cursor()
     with wrapper.wrap_database_errors:
+        direct = _direct(cur)
+        if direct is not None:
+            return direct.execute(sql, params)
         _execute(cur, sql, params, prepare=cur.prepare)
         return cur.rowcount
+
+
+def _direct(cur: _PreparingCursor) -> direct_statements.Statements | None:
+    """The connection's statements on psycopg's libpq layer, where they may run there.
+
+    Only with ``PREPARED_STATEMENTS`` (unprepared statements stay on the
+    cursor) and where :func:`direct_statements.runnable` holds.
+    """
+    if not cur.prepare or not direct_statements.runnable(cur.connection):
+        return None
+    statements = cur._vertique_direct
+    if statements is None:
+        statements = cur._vertique_direct = direct_statements.Statements(cur.connection, cur)
+    return statements
 
 
 def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

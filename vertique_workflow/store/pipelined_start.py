@@ -60,7 +60,7 @@ import psycopg
 from django.db import DatabaseError
 from psycopg import pq
 
-from . import db, definitions, instances
+from . import db, definitions, direct_statements, instances
 
 READ_COMMITTED = "read committed"
 
@@ -83,19 +83,7 @@ def available() -> bool:
     raw = wrapper.connection
     if getattr(raw, "_vertique_stricter_isolation", False):
         return False
-    return raw.info.transaction_status == _IDLE and _plain_transaction(raw)
-
-
-def _plain_transaction(raw: Any) -> bool:
-    """Whether Django's transaction on ``raw`` would be a plain ``BEGIN`` at READ COMMITTED.
-
-    No read-only or deferrable option, and no isolation level or READ
-    COMMITTED (a session default that is stricter is caught by the lock
-    statement: :class:`StricterIsolation`).
-    """
-    if raw.read_only or raw.deferrable:
-        return False
-    return raw.isolation_level in (None, psycopg.IsolationLevel.READ_COMMITTED)
+    return raw.info.transaction_status == _IDLE and direct_statements.plain_transaction(raw)
 
 
 # RECORD_START, its dedup key written only for an admitted pin (a refused one: no row);
