@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import threading
+import time
 import uuid
 
 import psycopg
@@ -166,3 +168,101 @@ def test_the_placeholders_are_converted_once():
         direct_statements.converted("SELECT %s, %(a)s")
     with pytest.raises(ValueError, match="lone"):
         direct_statements.converted("SELECT '5%' || %s")
+
+
+# -- pipelines: several statements, one Sync, one wait --------------------------------------
+
+
+@pytest.fixture
+def pipeline_table():
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE direct_pipe (id int PRIMARY KEY, note text)")
+    yield
+    connection.close()  # whatever state a test left the session in
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE direct_pipe")
+
+
+INSERT_PIPE = "INSERT INTO direct_pipe VALUES (%(id)s, %(note)s) RETURNING id, note"
+
+
+def committed_ids() -> list[int]:
+    """The rows another session sees (what the pipeline committed)."""
+    with psycopg.connect(**db.connect_kwargs(connection.settings_dict)) as other:
+        return [row[0] for row in other.execute("SELECT id FROM direct_pipe ORDER BY id")]
+
+
+def test_a_pipeline_outside_a_transaction_commits_at_its_sync(pipeline_table):
+    results: list = []
+    db.send_pipeline(
+        [(INSERT_PIPE, {"id": 1, "note": "a"}), (INSERT_PIPE, {"id": 2, "note": None})], results
+    )
+    assert [r.fetchone() for r in results] == [(1, "a"), (2, None)]
+    assert all(isinstance(r, db.PipelineResult) for r in results)  # the direct path ran it
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert committed_ids() == [1, 2]
+    assert len([name for name in ours() if name.startswith("_vwf_")]) == 1  # one text, one name
+
+
+def test_a_failed_statement_rolls_back_the_pipeline_and_is_raised(pipeline_table):
+    results: list = []
+    with pytest.raises(IntegrityError) as raised:
+        db.send_pipeline(
+            [
+                (INSERT_PIPE, {"id": 5, "note": "kept?"}),
+                (INSERT_PIPE, {"id": 5, "note": "duplicate"}),
+                ("SELECT %s::int", (1,)),
+            ],
+            results,
+        )
+    assert isinstance(raised.value.__cause__, psycopg.errors.UniqueViolation)
+    statuses = [r.pgresult.status for r in results]
+    assert statuses == [
+        psycopg.pq.ExecStatus.TUPLES_OK,
+        psycopg.pq.ExecStatus.FATAL_ERROR,
+        psycopg.pq.ExecStatus.PIPELINE_ABORTED,
+    ]
+    assert committed_ids() == []  # the first insert went with the implicit transaction
+    assert db.fetchone_prepared("SELECT %s::int + 1", (1,)) == (2,)  # the session goes on
+
+
+def test_in_a_transaction_the_pipeline_joins_it(pipeline_table):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        results: list = []
+        db.send_pipeline(
+            [(INSERT_PIPE, {"id": 7, "note": "x"}), ("SELECT txid_current()", ())], results
+        )
+        assert db.fetchone_prepared("SELECT txid_current()") == results[1].fetchone()
+        assert committed_ids() == []  # not committed at the Sync: the caller's transaction
+        raise RuntimeError("roll back")
+    assert committed_ids() == []
+
+
+def test_a_pipeline_waits_without_the_interpreter_lock(pipeline_table):
+    """A worker blocked in a pipeline lets the other threads run (as a psycopg wait does)."""
+    key = 424242
+    with psycopg.connect(**db.connect_kwargs(connection.settings_dict)) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        outcome: list = []
+
+        def blocked() -> None:
+            try:
+                results: list = []
+                db.send_pipeline([("SELECT pg_advisory_xact_lock(%s), 1", (key,))], results)
+                outcome.append(results[0].fetchone())
+            finally:
+                connection.close()
+
+        worker = threading.Thread(target=blocked)
+        worker.start()
+        # this thread polls the server while the worker waits: it could not, were the
+        # worker holding the interpreter lock
+        guard = time.monotonic() + 60
+        while not holder.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()[0]:
+            assert time.monotonic() < guard, "the worker never queued on the lock"
+            threading.Event().wait(0.01)
+        holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        worker.join()
+    assert outcome == [("", 1)]

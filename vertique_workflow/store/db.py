@@ -350,6 +350,50 @@ def _direct(cur: _PreparingCursor) -> direct_statements.Statements | None:
     return statements
 
 
+def send_pipeline(queued: Sequence[tuple[str, Any]], results: list[Any]) -> None:
+    """Send ``queued`` (statement, parameters) as one pipeline with one Sync: one wait.
+
+    ``results`` receives one cursor-like object per statement, in order
+    (``pgresult``, ``fetchone``, ``fetchall``), before the first error is
+    raised (a ``django.db`` error), so the caller can tell from their
+    ``pgresult`` which statements ran. Outside a transaction the statements
+    are one transaction committed at the Sync; in the caller's transaction
+    they join it. On psycopg's libpq layer where :func:`_direct` allows it
+    (each statement prepared under our own name), else on the connection's
+    reused cursors in a psycopg pipeline (:func:`pipeline_cursors`).
+    """
+    wrapper, cur = _ready_cursor()
+    direct = _direct(cur)
+    with wrapper.wrap_database_errors:
+        if direct is not None:
+            pgresults = direct.pipeline(queued)
+            results[:] = [PipelineResult(direct, result) for result in pgresults]
+            error = direct.first_error(pgresults)
+            if error is not None:
+                raise error
+            return
+        _, raw, cursors = pipeline_cursors(len(queued))
+        results[:] = cursors
+        with raw.pipeline():
+            for cursor, (sql, params) in zip(cursors, queued, strict=True):
+                cursor.execute(sql, params, prepare=cursor.prepare)
+
+
+class PipelineResult:
+    """A statement's result of a direct pipeline (:func:`send_pipeline`), read as from a cursor."""
+
+    def __init__(self, statements: direct_statements.Statements, pgresult: Any) -> None:
+        self.statements = statements
+        self.pgresult = pgresult
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.statements.rows(self.pgresult)
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        rows = self.fetchall()
+        return rows[0] if rows else None
+
+
 def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     with cursor() as cur:
         cur.execute(sql, params)

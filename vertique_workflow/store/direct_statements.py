@@ -33,7 +33,10 @@ that prepare manager runs every statement on the cursor (:func:`runnable`).
 
 from __future__ import annotations
 
+import contextlib
 import re
+import select
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -45,6 +48,7 @@ _PIPELINE_OFF = pq.PipelineStatus.OFF
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
 _UNDEFINED_PREPARED_STATEMENT = "26000"
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%|%")
@@ -93,42 +97,145 @@ class Statements:
                 self.names.clear()
             self.seen = seen
 
-    def run(self, sql: str, params: Any) -> Any:
-        """The result of ``sql`` with ``params`` (a sequence or a mapping); errors raised."""
+    def _bind(self, sql: str, params: Any) -> tuple[tuple[str, Any], bytes, Any, Any, Any]:
+        """(cache key, query, dumped values, types, formats) of ``sql`` with ``params``."""
         tx = self.transformer
         if params:
             query, order = converted(sql)
             if order is not None:
                 params = [params[name] for name in order]
             values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
-            types, formats = tx.types, tx.formats
-        else:  # sent as written, as psycopg sends a statement without parameters
-            query, values, types, formats = sql.encode(), None, None, None
+            return (sql, tx.types), query, values, tx.types, tx.formats
+        # sent as written, as psycopg sends a statement without parameters
+        return (sql, None), sql.encode(), None, None, None
+
+    def _new_name(self) -> bytes:
+        self.prepared += 1
+        return b"_vwf_%d" % self.prepared
+
+    def _opens_transaction(self) -> bool:
+        """Whether psycopg would send ``BEGIN`` before the next statement."""
+        return not self.raw.autocommit and self.pgconn.transaction_status == _IDLE
+
+    def run(self, sql: str, params: Any) -> Any:
+        """The result of ``sql`` with ``params`` (a sequence or a mapping); errors raised."""
+        key, query, values, types, formats = self._bind(sql, params)
         self._forget_if_deallocated()
-        key = (sql, types)
         name = self.names.get(key)
         pgconn = self.pgconn
         with self.raw.lock:
-            if not self.raw.autocommit and pgconn.transaction_status == _IDLE:
+            if self._opens_transaction():
                 self._check(pgconn.exec_(b"BEGIN"))
             if name is None:
-                self.prepared += 1
-                name = b"_vwf_%d" % self.prepared
+                name = self._new_name()
                 self._check(pgconn.prepare(name, query, param_types=types))
                 self.names[key] = name
             return self._check(pgconn.exec_prepared(name, values, param_formats=formats))
+
+    def pipeline(self, statements: Sequence[tuple[str, Any]]) -> list[Any]:
+        """The results of ``statements`` sent as one pipeline with one Sync: one wait.
+
+        Outside a transaction the statements up to the Sync are one
+        transaction, committed at it and rolled back by an error; where
+        psycopg would open a transaction, ``BEGIN`` goes first. A statement
+        after a failed one does not run (its result is PIPELINE_ABORTED).
+        Errors are returned, not raised (:func:`first_error`), so the caller
+        can tell which statement failed.
+        """
+        bound = [self._bind(sql, params) for sql, params in statements]
+        self._forget_if_deallocated()
+        pgconn = self.pgconn
+        with self.raw.lock:
+            opens = self._opens_transaction()
+            pgconn.enter_pipeline_mode()
+            try:
+                if opens:
+                    pgconn.send_query_params(b"BEGIN", None)
+                preparing: list[tuple[tuple[str, Any], bytes]] = []
+                for key, query, values, types, formats in bound:
+                    name = self.names.get(key)
+                    if name is None:
+                        name = self._new_name()
+                        pgconn.send_prepare(name, query, param_types=types)
+                        preparing.append((key, name))
+                        self.names[key] = name  # undone below unless its PREPARE succeeds
+                    pgconn.send_query_prepared(name, values, param_formats=formats)
+                pgconn.pipeline_sync()
+                results = self._read_until_sync()
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):  # a broken connection: keep its error
+                    pgconn.exit_pipeline_mode()
+                raise
+            pgconn.exit_pipeline_mode()
+        if opens and results[0].status != _COMMAND_OK:
+            for key, _ in preparing:
+                self.names.pop(key, None)
+            raise self.error(results[0])
+        # the results in order: BEGIN, then each PREPARE before its statement
+        prepared_ok = iter(results[int(opens) :])
+        out = []
+        pending = {key for key, _ in preparing}
+        for key, _, _, _, _ in bound:
+            if key in pending:
+                pending.discard(key)
+                if next(prepared_ok).status != _COMMAND_OK:
+                    self.names.pop(key, None)
+            out.append(next(prepared_ok))
+        for result in results:
+            self._forget_if_undefined(result)
+        return out
+
+    def _read_until_sync(self) -> list[Any]:
+        """Every result up to the pipeline's Sync, waiting on the socket without the GIL."""
+        pgconn = self.pgconn
+        while pgconn.flush():
+            select.select([], [pgconn.socket], [])
+        results = []
+        while True:
+            if pgconn.is_busy():
+                select.select([pgconn.socket], [], [])
+                pgconn.consume_input()
+                continue
+            result = pgconn.get_result()
+            if result is None:
+                continue  # the end of one statement's results
+            if result.status == _PIPELINE_SYNC:
+                return results
+            results.append(result)
+
+    def _forget_if_undefined(self, result: Any) -> None:
+        if (
+            result.status == _FATAL_ERROR
+            and (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+            == _UNDEFINED_PREPARED_STATEMENT
+        ):
+            self.names.clear()
 
     def _check(self, result: Any) -> Any:
         status = result.status
         if status in (_TUPLES_OK, _COMMAND_OK):
             return result
-        if (
-            status == _FATAL_ERROR
-            and (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
-            == _UNDEFINED_PREPARED_STATEMENT
-        ):
-            self.names.clear()
-        raise errors.error_from_result(result, encoding=self.raw.info.encoding)
+        self._forget_if_undefined(result)
+        raise self.error(result)
+
+    def error(self, result: Any) -> Exception:
+        """psycopg's exception for a failed result."""
+        return errors.error_from_result(result, encoding=self.raw.info.encoding)
+
+    def first_error(self, results: Sequence[Any]) -> Exception | None:
+        """The exception of the first failed result of :meth:`pipeline`, if one failed."""
+        for result in results:
+            if result.status not in (_TUPLES_OK, _COMMAND_OK):
+                if result.status == _FATAL_ERROR:
+                    return self.error(result)
+                return errors.OperationalError(f"unexpected result status {result.status}")
+        return None
+
+    def rows(self, result: Any) -> list[tuple[Any, ...]]:
+        """The rows of a successful result."""
+        tx = self.transformer
+        tx.set_pgresult(result)
+        return tx.load_rows(0, result.ntuples, tuple)  # type: ignore[no-any-return]
 
     def fetchone(self, sql: str, params: Any) -> tuple[Any, ...] | None:
         result = self.run(sql, params)

@@ -224,29 +224,25 @@ def _send(
     (its guard had admitted the pin: a refused one writes nothing, so it
     cannot fail on a conflict).
     """
-    count = 2 + int(with_rows) + (2 if savepoint is not None else 0)
-    wrapper, raw, cursors = db.pipeline_cursors(count)
-    taken = iter(cursors)
-    mark = next(taken) if savepoint is not None else None
-    lock = next(taken)
-    rows = next(taken) if with_rows else None
-    insert = next(taken)
-    release = next(taken) if savepoint is not None else None
+    queued: list[tuple[str, Any]] = [(savepoint.begin, ())] if savepoint is not None else []
+    queued.append(
+        (
+            definitions.ADMIT_LOCK_SHARED,
+            [definitions.admission_lock_timeout(), params["definition"]],
+        )
+    )
+    if with_rows:
+        queued.append((definitions.PIN_ROWS, [params["definition"]]))
+    queued.append((record_sql, params))
+    if savepoint is not None:
+        queued.append((savepoint.release, ()))
+    results: list[Any] = []
     try:
-        with wrapper.wrap_database_errors, raw.pipeline():
-            if mark is not None and savepoint is not None:
-                mark.execute(savepoint.begin, prepare=mark.prepare)
-            lock.execute(
-                definitions.ADMIT_LOCK_SHARED,
-                [definitions.admission_lock_timeout(), params["definition"]],
-                prepare=lock.prepare,
-            )
-            if rows is not None:
-                rows.execute(definitions.PIN_ROWS, [params["definition"]], prepare=rows.prepare)
-            insert.execute(record_sql, params, prepare=insert.prepare)
-            if release is not None and savepoint is not None:
-                release.execute(savepoint.release, prepare=release.prepare)
+        db.send_pipeline(queued, results)
     except DatabaseError as exc:
+        if not results:
+            raise  # nothing was sent
+        mark, lock, rows, _ = _named(results, savepoint, with_rows)
         if mark is not None and savepoint is not None and savepoint.opened(mark):
             savepoint.undo()
         if _has_rows(rows if rows is not None else lock):
@@ -256,9 +252,27 @@ def _send(
             raise
         raise error from exc
     finally:
-        if savepoint is None and not raw.closed and raw.info.transaction_status != _IDLE:
+        raw = db.connection().connection
+        if (
+            savepoint is None
+            and raw is not None
+            and not raw.closed
+            and raw.info.transaction_status != _IDLE
+        ):
             _rollback(raw)  # interrupted in between: never leave the transaction open
+    _, lock, rows, insert = _named(results, savepoint, with_rows)
     return lock, rows, insert, raw
+
+
+def _named(
+    results: list[Any], savepoint: db.Savepoint | None, with_rows: bool
+) -> tuple[Any, Any, Any, Any]:
+    """(savepoint mark, lock, rows, record) of :func:`_send`'s results; None for a missing one."""
+    taken = iter(results)
+    mark = next(taken) if savepoint is not None else None
+    lock = next(taken)
+    rows = next(taken) if with_rows else None
+    return mark, lock, rows, next(taken)
 
 
 def _judge(

@@ -121,21 +121,17 @@ def lock_and_write(params: dict[str, Any], *, lock_timeout_ms: int, savepoint: b
     caller ends a savepoint it asked for with :func:`release` or
     :func:`roll_back` once it has judged the result.
     """
-    wrapper, raw, (mark, lock, write) = db.pipeline_cursors(3)
+    queued: list[tuple[str, Any]] = [(SAVEPOINT.begin, ())] if savepoint else []
+    queued.append((LOCK_INSTANCE, (f"{int(lock_timeout_ms)}ms", str(params["wf"]))))
+    queued.append((WRITE, params))
+    results: list[Any] = []
     try:
-        with wrapper.wrap_database_errors, raw.pipeline():
-            if savepoint:
-                mark.execute(SAVEPOINT.begin, prepare=mark.prepare)
-            lock.execute(
-                LOCK_INSTANCE,
-                (f"{int(lock_timeout_ms)}ms", str(params["wf"])),
-                prepare=lock.prepare,
-            )
-            write.execute(WRITE, params, prepare=write.prepare)
+        db.send_pipeline(queued, results)
     except DatabaseError:
-        if savepoint and SAVEPOINT.opened(mark):
+        if savepoint and results and SAVEPOINT.opened(results[0]):
             SAVEPOINT.undo()
         raise
+    write = results[-1]
     raised, claimed, command_id, seq = write.fetchone()
     return Written(bool(raised), bool(claimed), command_id, seq)
 
