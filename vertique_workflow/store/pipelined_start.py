@@ -6,7 +6,7 @@ Through Django's ``atomic`` that transaction waits on the server six times:
 rows, the record, ``COMMIT``. None of the statements after the read needs
 another's result before it is sent, so here the read runs on its own (an
 autocommit statement: nothing to commit), and then the admission's two
-statements and the record go to the server in one psycopg pipeline: a start
+statements and the record go to the server in one pipeline (``db.send_pipeline``): a start
 is two waits. The statements of a pipeline up to its Sync are one
 transaction (PostgreSQL's extended query protocol: a Sync commits what no
 ``BEGIN`` opened, and an error rolls all of it back), so no ``BEGIN`` or

@@ -7,7 +7,7 @@ execution lock and writes the open-signal count, the queue position, the
 dedup key and the SIGNAL command. Statement by statement that was seven
 waits on the server inside the transaction. Here the three reads are one
 statement (:data:`READ`), and the lock and the three writes are two
-statements sent together in one psycopg pipeline (:func:`lock_and_write`):
+statements sent together in one pipeline (:func:`lock_and_write`, :func:`db.send_pipeline`):
 the lock statement runs first, so every write happens under it, as the
 reference's lock order requires (instances before command queues).
 
