@@ -51,6 +51,8 @@ _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
 _UNDEFINED_PREPARED_STATEMENT = "26000"
 
+_HAS_POLL = hasattr(select, "poll")  # not on Windows: the cursor there
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%|%")
 
 
@@ -67,7 +69,7 @@ def plain_transaction(raw: Any) -> bool:
 
 def runnable(raw: Any) -> bool:
     """Whether a statement on ``raw`` may be run here rather than on a cursor."""
-    if _manager_counts(raw) is None:
+    if not _HAS_POLL or _manager_counts(raw) is None:
         return False
     pgconn = raw.pgconn
     if pgconn.pipeline_status != _PIPELINE_OFF:
@@ -189,11 +191,11 @@ class Statements:
         """Every result up to the pipeline's Sync, waiting on the socket without the GIL."""
         pgconn = self.pgconn
         while pgconn.flush():
-            select.select([], [pgconn.socket], [])
+            _wait(pgconn.socket, select.POLLOUT)
         results = []
         while True:
             if pgconn.is_busy():
-                select.select([pgconn.socket], [], [])
+                _wait(pgconn.socket, select.POLLIN)
                 pgconn.consume_input()
                 continue
             result = pgconn.get_result()
@@ -255,6 +257,17 @@ class Statements:
         result = self.run(sql, params)
         count = result.command_tuples
         return -1 if count is None else int(count)
+
+
+def _wait(fileno: int, event: int) -> None:
+    """Block until the socket is readable (POLLIN) or writable (POLLOUT), without the GIL.
+
+    ``poll``, not ``select``: a process with more than 1,024 open files (a busy
+    web server) has sockets ``select`` cannot watch.
+    """
+    poller = select.poll()
+    poller.register(fileno, event | select.POLLERR | select.POLLHUP)
+    poller.poll()
 
 
 def _manager_counts(raw: Any) -> tuple[int, int] | None:
