@@ -19,6 +19,12 @@ it before the cursor's first statement). Anything else takes the cursor
 (:func:`runnable` is false). Errors are psycopg's own exceptions, raised
 from the statement's result, so callers see what the cursor would raise.
 
+Several statements sent together (``start()``'s admission lock and record,
+``signal()``'s lock and write) go as one libpq pipeline with one Sync
+(:meth:`Statements.pipeline`): one wait, read back while the thread waits in
+``poll`` without the interpreter lock. psycopg's own pipeline context cost
+a start more Python than the round trips it saved.
+
 psycopg deallocates every prepared statement of the session (``DEALLOCATE
 ALL``) when a transaction in which it holds prepared statements of its own
 rolls back, and after ``DROP``, ``ALTER`` or ``DISCARD ALL``: ours go with
