@@ -5,6 +5,8 @@ Counted on the wire (``tests/wire.py``).
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.db import connection
 from django.db.models.functions import Now
@@ -18,24 +20,26 @@ from vertique_workflow.store import commands
 from vertique_workflow.testing import run_until_idle
 
 from .conftest import connect
+from .test_tasks_record import wait_for_lock_waiters
 from .wire import client_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_segment_waits_on_the_server_five_times_after_its_claim():
-    """claim, BEGIN, lock, fence + instance, persist, COMMIT: a regression guard.
+def test_a_segment_waits_on_the_server_three_times_after_its_claim():
+    """claim; BEGIN + lock + fence and instance (one pipeline); persist; COMMIT.
 
-    A pipelined lock + fence was measured and dropped: on a 2-core machine
-    psycopg's pipeline costs more Python CPU (0.36 vs 0.29 ms a segment)
-    than the loopback round trip it saves (0.06 ms).
+    A regression guard. The lock and the fence go in one pipeline with the
+    transaction's BEGIN (``segment.begin_fence_and_load``), sent on psycopg's
+    libpq layer: psycopg's own pipeline was measured and dropped (0.36 vs 0.29
+    ms of Python a segment for the 0.06 ms round trip it saved).
     """
     wf.start("order", {"amount": 0}, idempotency_key="warm")
     run_until_idle()  # the statements are prepared on this connection from here on
     ref = wf.start("order", {"amount": 0}, idempotency_key="traced")
     waits = client_waits(lambda: run_next("n1"))
     assert wf.get(ref.id).status == "COMPLETED"
-    assert waits == ["Sync", 'Query "BEGIN"', "Sync", "Sync", "Sync", 'Query "COMMIT"'], waits
+    assert waits == ["Sync", "Sync", "Sync", 'Query "COMMIT"'], waits
 
 
 def test_a_busy_execution_lock_fails_the_segment_retryably_and_leaves_the_session_usable():
@@ -68,3 +72,49 @@ def test_a_busy_execution_lock_fails_the_segment_retryably_and_leaves_the_sessio
     WorkflowCommand.objects.filter(pk=claimed.id).update(available_at=Now())  # skip the backoff
     assert run_until_idle().outcomes == ["COMPLETED"]
     assert wf.get(ref.id).status == "COMPLETED"
+
+
+def test_the_fence_in_the_lock_s_pipeline_reads_what_the_lock_s_last_holder_committed():
+    """The lock and the fence share a pipeline, yet the fence reads after the lock is granted.
+
+    A transaction holding the execution lock takes the claim away (a new
+    token) and commits only once the segment waits for the lock: the fence
+    must see the new token and give the command up (LOST), not run it on a
+    snapshot from before the lock.
+    """
+    ref = wf.start("order", {"amount": 0}, idempotency_key="fence-after-lock")
+    plan = resident_plan("order", 1)
+    claimed = commands.claim_next(
+        node_id="n1",
+        lease_seconds=30,
+        max_attempts=5,
+        resident=[("default", "order", 1)],
+        kinds=("START",),
+    )
+    assert claimed is not None
+    claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, "START")
+    outcome: list = []
+
+    def segment() -> None:
+        try:
+            outcome.append(run_claimed(claim, plan, "n1"))
+        finally:
+            connection.close()
+
+    with connect(connection.settings_dict["NAME"]) as holder:
+        holder.execute(
+            f"SELECT pg_advisory_xact_lock({commands.EXECUTION_LOCK_NAMESPACE}, "
+            "hashtext(%s::text))",
+            [str(ref.id)],
+        )
+        holder.execute(
+            "UPDATE workflow_commands SET claim_token = gen_random_uuid() WHERE id = %s",
+            [claimed.id],
+        )
+        worker = threading.Thread(target=segment)
+        worker.start()
+        wait_for_lock_waiters(1)
+        holder.commit()
+    worker.join()
+    assert [o.result for o in outcome] == ["LOST"]
+    assert wf.get(ref.id).status == "PENDING"  # nothing ran on the stale claim

@@ -450,8 +450,10 @@ def _segment(
     failed_branches: tuple[tuple[str, str, str], ...] = (),
 ) -> tuple[str, str | None]:
     """The segment's statements and drive; returns (result, the step the instance is at)."""
-    segment_store.begin(
+    loaded = segment_store.begin_fence_and_load(
         claim.workflow_id,
+        claim.command_id,
+        claim.token,
         lock_timeout_ms=workflow_settings.LOCK_TIMEOUT_MS,
         transaction_timeout_ms=(
             workflow_settings.SEGMENT_DEADLINE_MS
@@ -459,7 +461,6 @@ def _segment(
             else None
         ),
     )
-    loaded = segment_store.fence_and_load(claim.command_id, claim.token)
     if loaded is None:
         return "LOST", None
     command, row = loaded.command, loaded.instance

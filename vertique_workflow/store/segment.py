@@ -111,22 +111,53 @@ class Loaded:
     has_parked_or_dead: bool
 
 
-def begin(
-    workflow_id: Any, *, lock_timeout_ms: int, transaction_timeout_ms: int | None = None
-) -> None:
-    """The segment's first statement: the execution lock (and transaction_timeout on 17+)."""
+def _lock_statement(
+    workflow_id: Any, lock_timeout_ms: int, transaction_timeout_ms: int | None
+) -> tuple[str, tuple[str, ...]]:
+    """The execution lock's statement and parameters (with transaction_timeout on 17+)."""
     lock = (f"{int(lock_timeout_ms)}ms", str(workflow_id))
     if transaction_timeout_ms is None:
-        db.fetchone_prepared(BEGIN_SEGMENT, lock)
-    else:
-        db.fetchone_prepared(
-            BEGIN_SEGMENT_WITH_TIMEOUT, (f"{int(transaction_timeout_ms)}ms", *lock)
-        )
+        return BEGIN_SEGMENT, lock
+    return BEGIN_SEGMENT_WITH_TIMEOUT, (f"{int(transaction_timeout_ms)}ms", *lock)
+
+
+def begin_fence_and_load(
+    workflow_id: Any,
+    command_id: int,
+    token: Any,
+    *,
+    lock_timeout_ms: int,
+    transaction_timeout_ms: int | None = None,
+) -> Loaded | None:
+    """The execution lock, then :func:`fence_and_load`, sent as one pipeline: one wait, not three.
+
+    PostgreSQL runs a pipeline's statements one after the other, each with a
+    snapshot of its own taken when it starts (READ COMMITTED), so the fence
+    reads after the execution lock is granted, as when the two are sent one
+    by one: every transaction that changes the instance takes the lock first,
+    and the fence sees what the last of them committed. The transaction's
+    ``BEGIN`` goes in the same pipeline (``db.send_pipeline``). A lock that
+    times out fails the pipeline with its own error (55P03); the fence then
+    does not run.
+    """
+    results: list[Any] = []
+    db.send_pipeline(
+        [
+            _lock_statement(workflow_id, lock_timeout_ms, transaction_timeout_ms),
+            (FENCE_AND_LOAD, (command_id, token)),
+        ],
+        results,
+    )
+    return _loaded(results[1].fetchone())
 
 
 def fence_and_load(command_id: int, token: Any) -> Loaded | None:
     """The fenced command and its instance; None when the claim was lost."""
-    row = db.fetchone_prepared(FENCE_AND_LOAD, (command_id, token))
+    return _loaded(db.fetchone_prepared(FENCE_AND_LOAD, (command_id, token)))
+
+
+def _loaded(row: tuple[Any, ...] | None) -> Loaded | None:
+    """The fence's row as a :class:`Loaded`; None when the claim was lost."""
     if row is None:
         return None
     (
