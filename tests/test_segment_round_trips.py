@@ -20,6 +20,7 @@ from vertique_workflow.store import commands
 from vertique_workflow.testing import run_until_idle
 
 from .conftest import connect
+from .test_stale_statistics import claim
 from .test_tasks_record import wait_for_lock_waiters
 from .wire import client_waits
 
@@ -45,15 +46,8 @@ def test_a_segment_waits_on_the_server_three_times_after_its_claim():
 def test_a_busy_execution_lock_fails_the_segment_retryably_and_leaves_the_session_usable():
     ref = wf.start("order", {"amount": 0}, idempotency_key="busy")
     plan = resident_plan("order", 1)
-    claimed = commands.claim_next(
-        node_id="n1",
-        lease_seconds=30,
-        max_attempts=5,
-        resident=[("default", "order", 1)],
-        kinds=("START",),
-    )
-    assert claimed is not None
-    claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, "START")
+    claimed = claim()
+    claim_ = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, "START")
     with connect(connection.settings_dict["NAME"]) as holder:
         holder.execute(
             f"SELECT pg_advisory_xact_lock({commands.EXECUTION_LOCK_NAMESPACE}, "
@@ -61,7 +55,7 @@ def test_a_busy_execution_lock_fails_the_segment_retryably_and_leaves_the_sessio
             [str(ref.id)],
         )
         with override_settings(VERTIQUE_WORKFLOW={"LOCK_TIMEOUT_MS": 50}):
-            outcome = run_claimed(claim, plan, "n1")
+            outcome = run_claimed(claim_, plan, "n1")
         holder.rollback()
     assert outcome.result == "RETRIED"
     row = WorkflowCommand.objects.get(pk=claimed.id)
@@ -84,20 +78,13 @@ def test_the_fence_in_the_lock_s_pipeline_reads_what_the_lock_s_last_holder_comm
     """
     ref = wf.start("order", {"amount": 0}, idempotency_key="fence-after-lock")
     plan = resident_plan("order", 1)
-    claimed = commands.claim_next(
-        node_id="n1",
-        lease_seconds=30,
-        max_attempts=5,
-        resident=[("default", "order", 1)],
-        kinds=("START",),
-    )
-    assert claimed is not None
-    claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, "START")
+    claimed = claim()
+    claim_ = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, "START")
     outcome: list = []
 
     def segment() -> None:
         try:
-            outcome.append(run_claimed(claim, plan, "n1"))
+            outcome.append(run_claimed(claim_, plan, "n1"))
         finally:
             connection.close()
 
