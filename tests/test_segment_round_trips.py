@@ -17,6 +17,7 @@ from vertique_workflow.executor.segment import Claimed, run_claimed, run_next
 from vertique_workflow.models import WorkflowCommand
 from vertique_workflow.pins import resident_plan
 from vertique_workflow.store import commands
+from vertique_workflow.tables import sql_names
 from vertique_workflow.testing import run_until_idle
 
 from .conftest import connect
@@ -25,6 +26,8 @@ from .test_tasks_record import wait_for_lock_waiters
 from .wire import client_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+T = sql_names()
 
 
 def test_a_segment_waits_on_the_server_three_times_after_its_claim():
@@ -95,7 +98,7 @@ def test_the_fence_in_the_lock_s_pipeline_reads_what_the_lock_s_last_holder_comm
             [str(ref.id)],
         )
         holder.execute(
-            "UPDATE workflow_commands SET claim_token = gen_random_uuid() WHERE id = %s",
+            f"UPDATE {T['commands']} SET claim_token = gen_random_uuid() WHERE id = %s",
             [claimed.id],
         )
         worker = threading.Thread(target=segment)
