@@ -132,7 +132,12 @@ def test_a_deallocation_psycopg_never_saw_fails_one_statement():
     with pytest.raises(ProgrammingError) as raised:
         db.fetchone_prepared("SELECT %s::int + 1", (1,))
     assert raised.value.__cause__.sqlstate == "26000"
+    assert db.is_retryable(raised.value)  # a segment that meets it restores its attempt
     assert db.fetchone_prepared("SELECT %s::int + 1", (5,)) == (6,)
+    with pytest.raises(ProgrammingError) as other:  # any other 26000 is not ours to retry
+        db.fetchone_prepared("DEALLOCATE no_such_statement")
+    assert other.value.__cause__.sqlstate == "26000"
+    assert not db.is_retryable(other.value)
 
 
 def test_a_stricter_transaction_runs_on_the_cursor():

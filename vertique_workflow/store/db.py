@@ -430,6 +430,8 @@ def sqlstate(exc: BaseException) -> str | None:
 
 
 def is_retryable(exc: BaseException) -> bool:
+    if getattr(exc.__cause__, direct_statements.DEALLOCATED, False):
+        return True  # our statement was deallocated behind psycopg's back: prepared again
     state = sqlstate(exc)
     if state is None:
         # a lost connection has no SQLSTATE of its own

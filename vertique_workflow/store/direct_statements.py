@@ -33,7 +33,8 @@ count of prepared names fell short of what it added since the last look),
 and then this connection's names are forgotten and its statements prepared
 again under new names. A ``DEALLOCATE ALL`` psycopg never saw (sent while it
 held none of its own) fails the next statement with SQLSTATE 26000, which
-forgets the names too, so only that one statement fails. A psycopg without
+forgets the names too, so only that one statement fails; its error is
+marked (``DEALLOCATED``) and counted as transient (``db.is_retryable``). A psycopg without
 that prepare manager runs every statement on the cursor (:func:`runnable`).
 """
 
@@ -56,6 +57,9 @@ _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
 _UNDEFINED_PREPARED_STATEMENT = "26000"
+
+# set on the exception of a statement whose prepared name the session no longer had
+DEALLOCATED = "_vertique_deallocated"
 
 _HAS_POLL = hasattr(select, "poll")  # not on Windows: the cursor there
 
@@ -211,24 +215,35 @@ class Statements:
                 return results
             results.append(result)
 
-    def _forget_if_undefined(self, result: Any) -> None:
+    def _forget_if_undefined(self, result: Any) -> bool:
+        """Forget our names when ``result`` says one of them is gone (26000, ``_vwf_N``)."""
         if (
             result.status == _FATAL_ERROR
             and (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
             == _UNDEFINED_PREPARED_STATEMENT
+            and b"_vwf_" in (result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or b"")
         ):
             self.names.clear()
+            return True
+        return False
 
     def _check(self, result: Any) -> Any:
         status = result.status
         if status in (_TUPLES_OK, _COMMAND_OK):
             return result
-        self._forget_if_undefined(result)
         raise self.error(result)
 
     def error(self, result: Any) -> Exception:
-        """psycopg's exception for a failed result."""
-        return errors.error_from_result(result, encoding=self.raw.info.encoding)
+        """psycopg's exception for a failed result.
+
+        One of our prepared statements gone behind psycopg's back (26000) is
+        marked ``DEALLOCATED``: the names are forgotten, so running the work
+        again prepares them again (``db.is_retryable`` says so).
+        """
+        error = errors.error_from_result(result, encoding=self.raw.info.encoding)
+        if self._forget_if_undefined(result):
+            setattr(error, DEALLOCATED, True)
+        return error
 
     def first_error(self, results: Sequence[Any]) -> Exception | None:
         """The exception of the first failed result of :meth:`pipeline`, if one failed."""
