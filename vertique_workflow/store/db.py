@@ -390,8 +390,7 @@ class PipelineResult:
         return self.statements.rows(self.pgresult)
 
     def fetchone(self) -> tuple[Any, ...] | None:
-        rows = self.fetchall()
-        return rows[0] if rows else None
+        return self.statements.first_row(self.pgresult)
 
 
 def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

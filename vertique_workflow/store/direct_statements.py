@@ -193,9 +193,7 @@ class Statements:
                 if next(prepared_ok).status != _COMMAND_OK:
                     self.names.pop(key, None)
             out.append(next(prepared_ok))
-        for result in results:
-            self._forget_if_undefined(result)
-        return out
+        return out  # a 26000 among them forgets our names when first_error raises it
 
     def _read_until_sync(self) -> list[Any]:
         """Every result up to the pipeline's Sync, waiting on the socket without the GIL."""
@@ -260,19 +258,19 @@ class Statements:
         tx.set_pgresult(result)
         return tx.load_rows(0, result.ntuples, tuple)  # type: ignore[no-any-return]
 
-    def fetchone(self, sql: str, params: Any) -> tuple[Any, ...] | None:
-        result = self.run(sql, params)
+    def first_row(self, result: Any) -> tuple[Any, ...] | None:
+        """The first row of a successful result; None when it has none."""
         if not result.ntuples:
             return None
         tx = self.transformer
         tx.set_pgresult(result)
         return tx.load_row(0, tuple)  # type: ignore[no-any-return]
 
+    def fetchone(self, sql: str, params: Any) -> tuple[Any, ...] | None:
+        return self.first_row(self.run(sql, params))
+
     def fetchall(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
-        result = self.run(sql, params)
-        tx = self.transformer
-        tx.set_pgresult(result)
-        return tx.load_rows(0, result.ntuples, tuple)  # type: ignore[no-any-return]
+        return self.rows(self.run(sql, params))
 
     def execute(self, sql: str, params: Any) -> int:
         result = self.run(sql, params)
