@@ -81,20 +81,21 @@ def show_plan(
     return execution
 
 
+def claim_statement() -> str:
+    """The executor's claim statement, its kinds and resident pins written in."""
+    from vertique_workflow.executor.segment import SUPPORTED_KINDS, resident_pins
+    from vertique_workflow.store import commands
+
+    return commands.claim_statement(commands.CLAIM_NEXT, resident_pins(), SUPPORTED_KINDS)
+
+
 def claim_params() -> dict[str, Any]:
     from vertique_workflow.conf import workflow_settings
-    from vertique_workflow.executor.segment import SUPPORTED_KINDS, resident_pins
+    from vertique_workflow.store import commands
 
-    scopes, ids, versions = (list(c) for c in zip(*resident_pins(), strict=True))
-    return {
-        "max_attempts": workflow_settings.MAX_ATTEMPTS,
-        "scopes": scopes,
-        "ids": ids,
-        "versions": versions,
-        "kinds": list(SUPPORTED_KINDS),
-        "lease": workflow_settings.LEASE_SECONDS,
-        "node": "scale-benchmark:explain",
-    }
+    return commands._claim_next_params(
+        "scale-benchmark:explain", workflow_settings.LEASE_SECONDS, workflow_settings.MAX_ATTEMPTS
+    )
 
 
 def prepared_plans() -> tuple[int | None, int | None]:
@@ -139,7 +140,7 @@ def measure_claims(label: str, count: int, *, plans: bool = True) -> dict[str, f
     )
     claim_ms = show_plan(
         f"claim ({label}, {count} heads waiting)",
-        commands.CLAIM_NEXT,
+        claim_statement(),
         claim_params(),
         rollback=True,
         quiet=not plans,
@@ -175,7 +176,7 @@ def measure_claims(label: str, count: int, *, plans: bool = True) -> dict[str, f
     generic, custom = prepared_plans()
     idle_ms = show_plan(
         f"claim, idle ({label}, nothing claimable)",
-        commands.CLAIM_NEXT,
+        claim_statement(),
         claim_params(),
         rollback=True,
         quiet=not plans,

@@ -30,7 +30,7 @@ from vertique_workflow.models import (
     WorkflowHistory,
     WorkflowInstance,
 )
-from vertique_workflow.store import commands
+from vertique_workflow.store import commands, direct_statements
 from vertique_workflow.store.commands import Actor, Head
 from vertique_workflow.testing import run_until_idle
 
@@ -278,6 +278,31 @@ def test_claim_next_claims_only_a_resident_pin_of_a_kind_it_runs():
     assert claimed is not None
     assert (claimed.workflow_id, claimed.kind) == (ref.id, "START")
     assert (claimed.definition_id, claimed.definition_version) == ("order", 1)
+
+
+def test_the_claim_writes_its_kinds_and_pins_into_its_statement():
+    # constants of the statement's text, parsed once per prepared statement: ids with
+    # quotes, a percent sign, a placeholder's spelling, the dollar quote's own tag and a
+    # backslash neither break the statement nor match another pin
+    odd = 'it\'s 100% $vwf$ \\ %(kinds)s "x"'
+    ref = wf.start("order", {"amount": 5}, idempotency_key="k-constants")
+    resident = [("default", odd, 1), ("default", "order", 1)]
+    text = commands.claim_statement(commands.CLAIM_NEXT, resident, ("START",))
+    _, names = direct_statements.converted(text)
+    assert names is not None and {"kinds", "resident"}.isdisjoint(names)
+    assert commands.claim_statement(commands.CLAIM_NEXT, resident, ("START",)) is text
+    assert commands.claim_statement(commands.CLAIM_NEXT, resident[:1], ("START",)) != text
+    before = table_counts()
+
+    def claim(pins):
+        return commands.claim_next(
+            node_id="n", lease_seconds=30, max_attempts=MAX, resident=pins, kinds=("START",)
+        )
+
+    assert claim(resident[:1]) is None
+    assert table_counts() == before
+    claimed = claim(resident)
+    assert claimed is not None and claimed.workflow_id == ref.id
 
 
 # --------------------------------------------------------------------------

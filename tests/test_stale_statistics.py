@@ -139,9 +139,9 @@ LARGE_SETTLED = 30_000
 LARGE_BACKLOG = 1_000
 
 
-def claim_plan(params: dict) -> dict:
+def claim_plan(statement: str, params: dict) -> dict:
     """The generic plan of the executor's claim, as PostgreSQL prices it (not run)."""
-    text, names = direct_statements.converted(commands.CLAIM_NEXT)
+    text, names = direct_statements.converted(statement)
     assert names is not None
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
@@ -197,8 +197,8 @@ def test_the_claim_prices_its_walk_as_stopping_at_the_first_heads():
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {T['commands']}, {T['instances']}")
 
-    params = commands._claim_next_params("n1", 30, 5, [("default", "order", 1)], ("START",))
-    plan = claim_plan(params)
+    statement = commands.claim_statement(commands.CLAIM_NEXT, [("default", "order", 1)], ("START",))
+    plan = claim_plan(statement, commands._claim_next_params("n1", 30, 5))
     walks = [
         node for node in plan_nodes(plan) if node.get("Index Name") == "wf_cmd_active_avail_idx"
     ]
