@@ -11,7 +11,8 @@ from tests.flows.workflows import Billing, Gate
 from vertique_workflow import tables
 from vertique_workflow.engine.decision_log import HistoryEntry
 from vertique_workflow.models import WorkflowCommand, WorkflowHistory, WorkflowInstance
-from vertique_workflow.store import history
+from vertique_workflow.store import db, history
+from vertique_workflow.store import segment as segment_store
 from vertique_workflow.testing import run_until_idle
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("reset_gates")]
@@ -112,6 +113,30 @@ def test_entries_a_segment_writes_about_other_commands_carry_those_commands_acto
     assert (reoffered.actor_kind, reoffered.actor_id) == ("USER", "bob")
     # the re-offered signal then runs its own segment, under its own actor
     assert entry(billing.id, "SIGNAL_APPLIED").actor_id == "bob"
+
+
+def test_a_segment_whose_entries_name_only_its_command_persists_without_joining_it(
+    monkeypatch,
+):
+    """The common segment's persist takes the statement without the attribution join
+    (``segment.OWN_PERSIST``); its entries carry the same actor the join gives."""
+    sent = []
+    original = db.fetchone_prepared
+
+    def recording(sql, params=None):
+        sent.append(sql)
+        return original(sql, params)
+
+    monkeypatch.setattr(db, "fetchone_prepared", recording)
+    ref = wf.start("order", {"amount": 5}, idempotency_key="k1", actor=wf.Actor.user("ann"))
+    run_until_idle()
+    assert segment_store.OWN_PERSIST in sent
+    assert segment_store.PERSIST not in sent and segment_store.PERSIST_SIGNAL not in sent
+    written = rows(ref.id)
+    command = WorkflowCommand.objects.get(workflow_id=ref.id, kind="START")
+    assert actor_of(command)[:2] == ("USER", "ann")
+    assert written and {actor_of(r) for r in written} == {actor_of(command)}
+    assert {r.command_id for r in written} == {command.id}
 
 
 def test_a_parked_signal_is_attributed_to_its_own_command_in_every_entry():

@@ -94,7 +94,7 @@ SHARED_COLUMNS = frozenset(
 )
 
 
-def _selected(column: str, *, shared: bool = False) -> str:
+def _selected(column: str, *, shared: bool = False, joined: bool = True) -> str:
     """The value an appended entry stores in ``column``.
 
     Attribution: an entry that carries an actor keeps it (a canceller, a
@@ -110,6 +110,8 @@ def _selected(column: str, *, shared: bool = False) -> str:
         return "COALESCE(e.entry_version, 1)"
     if column in ACTOR_COLUMNS:
         fallback = f"%(fb_{column})s" if shared else f"e.fb_{column}"
+        if not joined:
+            return f"CASE WHEN e.actor_kind IS NOT NULL THEN e.{column} ELSE {fallback} END"
         return (
             f"CASE WHEN e.actor_kind IS NOT NULL THEN e.{column} "
             f"WHEN n.actor_kind IS NOT NULL THEN n.{column} ELSE {fallback} END"
@@ -122,6 +124,15 @@ def _selected(column: str, *, shared: bool = False) -> str:
 HISTORY_SELECTED = ", ".join(_selected(column) for column in HISTORY_COLUMNS.split(", "))
 SHARED_HISTORY_SELECTED = ", ".join(
     _selected(column, shared=True) for column in HISTORY_COLUMNS.split(", ")
+)
+# SHARED_HISTORY_SELECTED for entries that all name the segment's own command
+# (none carries a command id of another): the fallback actor *is* that command's
+# actor, read by the fence in the same transaction under the execution lock, so no
+# entry needs its command joined (``named_command_join``). (A stored actor with a
+# kind but no attribution status reads ABSENT through the fence, NULL through the
+# join; the recorders always write both.)
+OWN_HISTORY_SELECTED = ", ".join(
+    _selected(column, shared=True, joined=False) for column in HISTORY_COLUMNS.split(", ")
 )
 HISTORY_RECORDSET = (
     ENTRY_RECORDSET + ", " + ", ".join(f"fb_{column} text" for column in ACTOR_COLUMNS)

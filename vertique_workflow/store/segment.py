@@ -25,6 +25,7 @@ from .history import (
     ACTOR_COLUMNS,
     ENTRY_ARRAYS,
     HISTORY_COLUMNS,
+    OWN_HISTORY_SELECTED,
     SHARED_COLUMNS,
     SHARED_HISTORY_SELECTED,
     entry_array,
@@ -58,7 +59,9 @@ WHERE c.id = %s AND c.state = 'CLAIMED' AND c.claim_token = %s
 FOR UPDATE OF c
 """
 
-_PERSIST_CTES = f"""
+
+def _persist_ctes(selected: str, join: str) -> str:
+    return f"""
 WITH inst AS (
     UPDATE {T["instances"]}
     SET status = %(status)s, current_step_id = %(step)s, state_json = %(state)s::jsonb,
@@ -72,11 +75,11 @@ WITH inst AS (
     RETURNING id
 ), hist AS (
     INSERT INTO {T["history"]} (workflow_id, sequence, {HISTORY_COLUMNS})
-    SELECT %(wf)s, base.s + e.ord, {SHARED_HISTORY_SELECTED}
+    SELECT %(wf)s, base.s + e.ord, {selected}
     FROM (SELECT COALESCE(MAX(sequence), 0) AS s FROM {T["history"]}
           WHERE workflow_id = %(wf)s) base
     CROSS JOIN {ENTRY_ARRAYS} AS e
-    {named_command_join("%(wf)s", shared=True)}
+    {join}
     WHERE EXISTS (SELECT 1 FROM inst)
 ), done AS (
     UPDATE {T["commands"]}
@@ -86,6 +89,10 @@ WITH inst AS (
       AND EXISTS (SELECT 1 FROM inst)
     RETURNING workflow_id, kind
 )"""
+
+
+_PERSIST_CTES = _persist_ctes(SHARED_HISTORY_SELECTED, named_command_join("%(wf)s", shared=True))
+_OWN_PERSIST_CTES = _persist_ctes(OWN_HISTORY_SELECTED, "")
 # The completion is written only after the instance's update (``EXISTS (SELECT 1
 # FROM inst)``), so one count answers both; the history insert runs to completion
 # unread (PostgreSQL runs every data-modifying CTE once, whether the query reads it
@@ -102,6 +109,12 @@ PERSIST_SIGNAL = f"""{_PERSIST_CTES}, lowered AS (
     FROM done WHERE q.workflow_id = done.workflow_id AND done.kind = 'SIGNAL'
 ){_PERSIST_RESULT}"""
 PERSIST = f"{_PERSIST_CTES}{_PERSIST_RESULT}"
+# The same, for entries that all name the segment's command (the common case):
+# no join of each entry's command for its attribution (the fallback actor is that
+# command's), so no hash join, hash or index scan to set up on each execution.
+OWN_PERSIST_SIGNAL = PERSIST_SIGNAL.replace(_PERSIST_CTES, _OWN_PERSIST_CTES)
+OWN_PERSIST = f"{_OWN_PERSIST_CTES}{_PERSIST_RESULT}"
+assert OWN_PERSIST_SIGNAL != PERSIST_SIGNAL
 
 
 @dataclass(frozen=True)
@@ -240,8 +253,13 @@ def persist(
     if unknown:
         raise ValueError(f"history columns the persist does not share: {sorted(unknown)}")
     rows = [entry_array(entry, index) for index, entry in enumerate(entries, start=1)]
+    own = all(entry.extra.get("command_id") in (None, command_id) for entry in entries)
+    if own:
+        statement = OWN_PERSIST_SIGNAL if signal else OWN_PERSIST
+    else:
+        statement = PERSIST_SIGNAL if signal else PERSIST
     result = db.fetchone_prepared(
-        PERSIST_SIGNAL if signal else PERSIST,
+        statement,
         {
             **{f"shared_{column}": common.get(column) for column in SHARED_COLUMNS},
             **{f"fb_{column}": actor.get(column) for column in ACTOR_COLUMNS},
