@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import uuid
 
+import pgtrigger
 import pytest
 from django.db import connection, transaction
 
 from tests.conftest import received_until_sentinel
 from vertique_workflow import tables
 from vertique_workflow.models import WorkflowCommand, WorkflowInstance
+from vertique_workflow.triggers import NOTIFY_TRIGGER_NAME
 
 
 def make_instance() -> WorkflowInstance:
@@ -74,3 +76,33 @@ def test_available_at_change_notifies_and_other_columns_do_not(listener):
             [command.pk],
         )
     assert received_until_sentinel(listener) == [epoch_ms(command)]
+
+
+def test_pgtrigger_ignore_silences_the_trigger_and_an_empty_setting_does_not(listener):
+    """django-pgtrigger's ``ignore()`` still skips the trigger (its test is inline, 0013)."""
+    instance = make_instance()
+    with pgtrigger.ignore(f"vertique_workflow.WorkflowCommand:{NOTIFY_TRIGGER_NAME}"):
+        WorkflowCommand.objects.create(workflow=instance, seq=1, kind="START", state="PENDING")
+    assert received_until_sentinel(listener) == []
+    # after ignore() the session's setting is empty, not unset: the trigger fires again
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('pgtrigger.ignore', true)")
+        assert cursor.fetchone()[0] in ("", None)
+    command = WorkflowCommand.objects.create(
+        workflow=instance, seq=2, kind="SIGNAL", state="PENDING"
+    )
+    assert received_until_sentinel(listener) == [epoch_ms(command)]
+
+
+@pytest.mark.django_db
+def test_the_trigger_function_starts_no_subtransaction():
+    """The installed function makes the ignore test inline, without pgtrigger's helper."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT p.prosrc FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+            "WHERE t.tgrelid = %s::regclass AND NOT t.tgisinternal",
+            [tables.qualified(tables.COMMANDS)],
+        )
+        (source,) = cursor.fetchone()
+    assert "_pgtrigger_should_ignore" not in source
+    assert "current_setting('pgtrigger.ignore', true)" in source
