@@ -19,12 +19,9 @@ commits: no command is written without the trigger. Reversing installs the
 same trigger again: the spelling it replaces is not kept anywhere.
 """
 
-import pgtrigger.migrations
 from django.db import migrations
 
-from vertique_workflow.models import WorkflowCommand
-
-NOTIFY_TRIGGER = WorkflowCommand._meta.triggers[0]
+from vertique_workflow.migrations._notify_trigger import reinstall_notify_trigger
 
 
 class Migration(migrations.Migration):
@@ -32,11 +29,5 @@ class Migration(migrations.Migration):
         ("vertique_workflow", "0011_timer_hold_as_function"),
     ]
 
-    operations = [
-        # bound the wait for the table's lock, as 0006 and 0008 do (docs/migrations.md)
-        migrations.RunSQL("SET LOCAL lock_timeout = '30s'", migrations.RunSQL.noop),
-        pgtrigger.migrations.RemoveTrigger(model_name="workflowcommand", name=NOTIFY_TRIGGER.name),
-        pgtrigger.migrations.AddTrigger(
-            model_name="workflowcommand", trigger=NOTIFY_TRIGGER.compile(WorkflowCommand)
-        ),
-    ]
+    # bounded lock wait, then the trigger removed and added (as 0008 does)
+    operations = reinstall_notify_trigger()

@@ -22,12 +22,9 @@ function stays (its install creates it; other triggers may call it). Reversing
 installs the same trigger again: the function it replaces is not kept anywhere.
 """
 
-import pgtrigger.migrations
 from django.db import migrations
 
-from vertique_workflow.models import WorkflowCommand
-
-NOTIFY_TRIGGER = WorkflowCommand._meta.triggers[0]
+from vertique_workflow.migrations._notify_trigger import reinstall_notify_trigger
 
 
 class Migration(migrations.Migration):
@@ -35,11 +32,5 @@ class Migration(migrations.Migration):
         ("vertique_workflow", "0012_notify_condition_as_constant"),
     ]
 
-    operations = [
-        # bound the wait for the table's lock, as 0006, 0008 and 0012 do (docs/migrations.md)
-        migrations.RunSQL("SET LOCAL lock_timeout = '30s'", migrations.RunSQL.noop),
-        pgtrigger.migrations.RemoveTrigger(model_name="workflowcommand", name=NOTIFY_TRIGGER.name),
-        pgtrigger.migrations.AddTrigger(
-            model_name="workflowcommand", trigger=NOTIFY_TRIGGER.compile(WorkflowCommand)
-        ),
-    ]
+    # bounded lock wait, then the trigger removed and added (as 0008 does)
+    operations = reinstall_notify_trigger()
