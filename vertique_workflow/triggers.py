@@ -27,7 +27,7 @@ NOTIFY_TRIGGER_NAME = "workflow_commands_notify"
 # ignored (``pgtrigger.ignore``). The helper reads the setting inside a block with
 # an exception handler, which PL/pgSQL runs as a subtransaction, and the setting is
 # unset unless something is being ignored, so every firing began a subtransaction,
-# raised "unrecognized configuration parameter" and rolled it back: about 33,000
+# raised "unrecognized configuration parameter" and rolled it back: about 31,000
 # backend instructions of a start's 930,000 (callgrind). The test is made inline:
 # ``current_setting(..., true)`` answers NULL for an unset setting instead of
 # raising, and the trigger's name is looked for as one element of the array text

@@ -13,8 +13,8 @@ array text ``pgtrigger.ignore()`` sets (``vertique_workflow/triggers.py``). The
 trigger fires for the same rows and ``pgtrigger.ignore()`` still skips it; under
 a schema placement it now does (the helper could not read the array there: it
 holds a quoted table name, the cast failed inside the handler, and the trigger
-was never ignored). Measured with callgrind: about 33,000 backend instructions
-less a start, -3.6 % (docs/performance.md).
+was never ignored). Measured with callgrind: about 31,000 backend instructions
+less a start, -3.4 % (docs/performance.md).
 
 The trigger is removed and installed again with django-pgtrigger's own
 operations, as 0008 and 0012 do (0003 and 0008 install the model's current
