@@ -61,6 +61,7 @@ FOR UPDATE OF c
 
 
 def _persist_ctes(selected: str, join: str) -> str:
+    """The persist's three writes; ``selected``/``join``: how the entries' columns are read."""
     return f"""
 WITH inst AS (
     UPDATE {T["instances"]}
@@ -91,8 +92,6 @@ WITH inst AS (
 )"""
 
 
-_PERSIST_CTES = _persist_ctes(SHARED_HISTORY_SELECTED, named_command_join("%(wf)s", shared=True))
-_OWN_PERSIST_CTES = _persist_ctes(OWN_HISTORY_SELECTED, "")
 # The completion is written only after the instance's update (``EXISTS (SELECT 1
 # FROM inst)``), so one count answers both; the history insert runs to completion
 # unread (PostgreSQL runs every data-modifying CTE once, whether the query reads it
@@ -104,17 +103,25 @@ SELECT count(*) FROM done
 # in the same statement. Any other kind runs the statement without that update:
 # PostgreSQL initialises every data-modifying CTE of a statement on each
 # execution (the table, its indexes, the projection), even one that writes nothing.
-PERSIST_SIGNAL = f"""{_PERSIST_CTES}, lowered AS (
+_LOWER_OPEN_SIGNALS = f""", lowered AS (
     UPDATE {T["command_queues"]} q SET open_signals = GREATEST(q.open_signals - 1, 0)
     FROM done WHERE q.workflow_id = done.workflow_id AND done.kind = 'SIGNAL'
-){_PERSIST_RESULT}"""
-PERSIST = f"{_PERSIST_CTES}{_PERSIST_RESULT}"
+)"""
+
+
+def _persist(selected: str, join: str, *, signal: bool) -> str:
+    lowered = _LOWER_OPEN_SIGNALS if signal else ""
+    return f"{_persist_ctes(selected, join)}{lowered}{_PERSIST_RESULT}"
+
+
+_JOINED = (SHARED_HISTORY_SELECTED, named_command_join("%(wf)s", shared=True))
+PERSIST_SIGNAL = _persist(*_JOINED, signal=True)
+PERSIST = _persist(*_JOINED, signal=False)
 # The same, for entries that all name the segment's command (the common case):
 # no join of each entry's command for its attribution (the fallback actor is that
 # command's), so no hash join, hash or index scan to set up on each execution.
-OWN_PERSIST_SIGNAL = PERSIST_SIGNAL.replace(_PERSIST_CTES, _OWN_PERSIST_CTES)
-OWN_PERSIST = f"{_OWN_PERSIST_CTES}{_PERSIST_RESULT}"
-assert OWN_PERSIST_SIGNAL != PERSIST_SIGNAL
+OWN_PERSIST_SIGNAL = _persist(OWN_HISTORY_SELECTED, "", signal=True)
+OWN_PERSIST = _persist(OWN_HISTORY_SELECTED, "", signal=False)
 
 
 @dataclass(frozen=True)
