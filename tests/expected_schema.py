@@ -7,11 +7,20 @@ index names); schema names are stripped so both placements compare with it.
 EXPECTED = {
     "functions": [
         "pgtrigger_workflow_commands_notify_fa6db",
-        "workflow_command_kind_admitted",
-        "workflow_command_state_admitted",
         "workflow_command_timer_kind_admitted",
         "workflow_timer_held_back",
     ],
+    "domains": {
+        "workflow_command_kind": (
+            "character varying(16) CONSTRAINT workflow_commands_kind_check CHECK "
+            "(((VALUE)::text = ANY ('{START,SIGNAL,COMPLETION,RETRY,MIGRATION,TIMER}'::text[])))"
+        ),
+        "workflow_command_state": (
+            "character varying(16) CONSTRAINT workflow_commands_state_check CHECK "
+            "(((VALUE)::text = ANY ('{PENDING,DEFERRED,CLAIMED,PARKED,DEAD,COMPLETE,REJECTED,"
+            "STALE,FAILED,SUPERSEDED,CANCELLED}'::text[])))"
+        ),
+    },
     "sequences": [
         "workflow_commands_id_seq",
         "workflow_event_consumers_id_seq",
@@ -73,7 +82,7 @@ EXPECTED = {
                 "explicit_carrier_json": "jsonb NULL",
                 "fire_at": "timestamp with time zone NULL",
                 "id": "bigint NOT NULL IDENTITY BY DEFAULT",
-                "kind": "character varying(16) NOT NULL",
+                "kind": "character varying(16) DOMAIN workflow_command_kind NOT NULL",
                 "last_error": "text NULL",
                 "lease_until": "timestamp with time zone NULL",
                 "on_behalf_of": "character varying(255) NULL",
@@ -81,7 +90,7 @@ EXPECTED = {
                 "recorded_at": "timestamp with time zone NOT NULL DEFAULT statement_timestamp()",
                 "seq": "bigint NOT NULL",
                 "settled_at": "timestamp with time zone NULL",
-                "state": "character varying(16) NOT NULL",
+                "state": "character varying(16) DOMAIN workflow_command_state NOT NULL",
                 "target_json": "jsonb NULL",
                 "task_id": "uuid NULL",
                 "timer_id": "uuid NULL",
@@ -90,17 +99,15 @@ EXPECTED = {
                 "workflow_id": "uuid NOT NULL",
             },
             "constraints": {
-                "workflow_commands_kind_check": "CHECK (workflow_command_kind_admitted((kind)::text))",
                 "workflow_commands_pkey": "PRIMARY KEY (id)",
-                "workflow_commands_state_check": "CHECK (workflow_command_state_admitted((state)::text))",
                 "workflow_commands_timer_kind_check": "CHECK (workflow_command_timer_kind_admitted((kind)::text, (timer_kind)::text))",
                 "workflow_commands_wf_seq_uniq": "UNIQUE (workflow_id, seq)",
                 "workflow_commands_workflow_fk": "FOREIGN KEY (workflow_id) REFERENCES workflow_instances(id) ON DELETE CASCADE",
             },
             "indexes": {
-                "wf_cmd_active_avail_idx": "CREATE INDEX wf_cmd_active_avail_idx ON workflow_commands USING btree (available_at) WITH (deduplicate_items=off) WHERE ((state)::text = ANY ((ARRAY['PENDING'::character varying, 'DEFERRED'::character varying, 'CLAIMED'::character varying])::text[]))",
-                "wf_cmd_active_seq_idx": "CREATE INDEX wf_cmd_active_seq_idx ON workflow_commands USING btree (workflow_id, seq) WHERE ((state)::text = ANY ((ARRAY['PENDING'::character varying, 'DEFERRED'::character varying, 'CLAIMED'::character varying])::text[]))",
-                "wf_cmd_parked_dead_idx": "CREATE INDEX wf_cmd_parked_dead_idx ON workflow_commands USING btree (workflow_id) WHERE ((state)::text = ANY ((ARRAY['PARKED'::character varying, 'DEAD'::character varying])::text[]))",
+                "wf_cmd_active_avail_idx": "CREATE INDEX wf_cmd_active_avail_idx ON workflow_commands USING btree (available_at) WITH (deduplicate_items=off) WHERE ((state)::text = ANY (ARRAY[('PENDING'::character varying)::text, ('DEFERRED'::character varying)::text, ('CLAIMED'::character varying)::text]))",
+                "wf_cmd_active_seq_idx": "CREATE INDEX wf_cmd_active_seq_idx ON workflow_commands USING btree (workflow_id, seq) WHERE ((state)::text = ANY (ARRAY[('PENDING'::character varying)::text, ('DEFERRED'::character varying)::text, ('CLAIMED'::character varying)::text]))",
+                "wf_cmd_parked_dead_idx": "CREATE INDEX wf_cmd_parked_dead_idx ON workflow_commands USING btree (workflow_id) WHERE ((state)::text = ANY (ARRAY[('PARKED'::character varying)::text, ('DEAD'::character varying)::text]))",
                 "workflow_commands_pkey": "CREATE UNIQUE INDEX workflow_commands_pkey ON workflow_commands USING btree (id)",
                 "workflow_commands_wf_seq_uniq": "CREATE UNIQUE INDEX workflow_commands_wf_seq_uniq ON workflow_commands USING btree (workflow_id, seq)",
             },

@@ -25,7 +25,8 @@ def describe(conn: Any, schema: str) -> dict[str, Any]:
         cur.execute(
             """SELECT column_name, data_type,
                       COALESCE(character_maximum_length::text, ''), is_nullable,
-                      COALESCE(column_default, ''), is_identity, COALESCE(identity_generation, '')
+                      COALESCE(column_default, ''), is_identity, COALESCE(identity_generation, ''),
+                      COALESCE(domain_name::text, '')
                FROM information_schema.columns
                WHERE table_schema = %s AND table_name = %s ORDER BY column_name""",
             (schema, table),
@@ -35,13 +36,16 @@ def describe(conn: Any, schema: str) -> dict[str, Any]:
                 part
                 for part in (
                     f"{dtype}({length})" if length else dtype,
+                    f"DOMAIN {domain}" if domain else "",
                     "NULL" if nullable == "YES" else "NOT NULL",
                     f"DEFAULT {_strip(default, schema)}" if default else "",
                     f"IDENTITY {generation}" if identity == "YES" else "",
                 )
                 if part
             )
-            for name, dtype, length, nullable, default, identity, generation in cur.fetchall()
+            for name, dtype, length, nullable, default, identity, generation, domain in (
+                cur.fetchall()
+            )
         }
         cur.execute(
             """SELECT con.conname, pg_get_constraintdef(con.oid)
@@ -89,6 +93,19 @@ def describe(conn: Any, schema: str) -> dict[str, Any]:
         (schema,),
     )
     out["sequences"] = [row[0] for row in cur.fetchall()]
+    cur.execute(
+        """SELECT t.typname, format_type(t.typbasetype, t.typtypmod), con.conname,
+                  pg_get_constraintdef(con.oid)
+           FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+           LEFT JOIN pg_constraint con ON con.contypid = t.oid
+           WHERE n.nspname = %s AND t.typtype = 'd' AND t.typname LIKE 'workflow%%'
+           ORDER BY 1, 3""",
+        (schema,),
+    )
+    out["domains"] = {
+        name: f"{base} CONSTRAINT {constraint} {_strip(definition, schema)}" if constraint else base
+        for name, base, constraint, definition in cur.fetchall()
+    }
     return out
 
 
@@ -102,9 +119,12 @@ def workflow_objects_in(conn: Any, schema: str) -> list[str]:
            SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
            WHERE n.nspname = %s AND p.proname LIKE '%%workflow%%'
            UNION ALL
+           SELECT t.typname::text FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+           WHERE n.nspname = %s AND t.typtype = 'd' AND t.typname LIKE '%%workflow%%'
+           UNION ALL
            SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
            JOIN pg_namespace n ON n.oid = c.relnamespace
            WHERE n.nspname = %s AND t.tgname LIKE '%%workflow%%'""",
-        (schema, schema, schema),
+        (schema, schema, schema, schema),
     )
     return sorted(row[0] for row in cur.fetchall())

@@ -33,6 +33,7 @@ def test_fresh_migration_gives_exactly_the_expected_schema(scratch_database, sch
         assert described["tables"][table] == expected, table
     assert described["functions"] == EXPECTED["functions"]
     assert described["sequences"] == EXPECTED["sequences"]
+    assert described["domains"] == EXPECTED["domains"]
     if schema:
         assert leftovers == [], "workflow objects left in public"
         assert helper == [(schema,)], "pgtrigger's helper function must follow the placement"
@@ -240,6 +241,70 @@ DJANGO_RENDERED_CHECKS = {
         "((NOT ((kind)::text = 'TIMER'::text)) AND (timer_kind IS NULL))))"
     ),
 }
+
+
+@pytest.mark.parametrize("schema", [None, "workflow_data"], ids=["unqualified", "named-schema"])
+def test_0014_gives_state_and_kind_their_checks_as_domains_and_reverses(scratch_database, schema):
+    """0014 makes the command's state and kind domains that hold their checks: the same
+    verdicts under the same names, on an insert and on an update (what a claim and a
+    settlement run), commands written before it kept, 0008's and 0009's settings kept;
+    reversing it restores 0010's checks and functions and drops the domains."""
+    names = tables.sql_names(schema)
+    run_manage(
+        "migrate", "vertique_workflow", "0013", "-v", "0", dbname=scratch_database, schema=schema
+    )
+    with connect(scratch_database, autocommit=True) as conn:
+        verdicts_at_0013 = command_check_verdicts(conn, schema)
+        at_0013 = describe(conn, schema or "public")
+        instance = insert_instance(conn, schema)
+        conn.execute(
+            f"INSERT INTO {names['commands']} (workflow_id, seq, kind, state) "
+            "VALUES (%s, 1, 'SIGNAL', 'PENDING')",
+            [instance],
+        )
+    assert at_0013["domains"] == {}
+    assert (
+        at_0013["tables"]["workflow_commands"]["constraints"]["workflow_commands_state_check"]
+        == "CHECK (workflow_command_state_admitted((state)::text))"
+    )
+
+    run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
+    with connect(scratch_database, autocommit=True) as conn:
+        assert command_check_verdicts(conn, schema) == verdicts_at_0013
+        kept = f"SELECT kind, state FROM {names['commands']} WHERE workflow_id = %s"
+        assert conn.execute(kept, [instance]).fetchall() == [("SIGNAL", "PENDING")]
+        update = f"UPDATE {names['commands']} SET state = %s WHERE workflow_id = %s"
+        with pytest.raises(psycopg.errors.CheckViolation) as refused, conn.transaction():
+            conn.execute(update, ["SETTLED", instance])
+        assert refused.value.diag.constraint_name == "workflow_commands_state_check"
+        conn.execute(update, ["COMPLETE", instance])
+        assert conn.execute(kept, [instance]).fetchall() == [("SIGNAL", "COMPLETE")]
+        assert state_statistics_target(conn, schema) == 0  # 0008's setting survives the type
+        assert availability_index_options(conn, schema) == {"deduplicate_items=off"}  # 0009's
+        migrated = describe(conn, schema or "public")
+    assert migrated["domains"] == EXPECTED["domains"]
+    assert migrated["tables"] == EXPECTED["tables"]
+
+    run_manage(
+        "migrate", "vertique_workflow", "0013", "-v", "0", dbname=scratch_database, schema=schema
+    )
+    with connect(scratch_database, autocommit=True) as conn:
+        assert command_check_verdicts(conn, schema) == verdicts_at_0013
+        reversed_ = describe(conn, schema or "public")
+        assert conn.execute(kept, [instance]).fetchall() == [("SIGNAL", "COMPLETE")]
+    assert reversed_["domains"] == {}
+    assert reversed_["functions"] == at_0013["functions"]
+    for part in ("columns", "constraints", "triggers"):
+        assert (
+            reversed_["tables"]["workflow_commands"][part]
+            == at_0013["tables"]["workflow_commands"][part]
+        ), part
+    # the partial indexes keep their names, columns and options; PostgreSQL prints
+    # their predicates as it parsed them again when the column's type changed
+    assert (
+        reversed_["tables"]["workflow_commands"]["indexes"].keys()
+        == at_0013["tables"]["workflow_commands"]["indexes"].keys()
+    )
 
 
 def state_statistics_target(conn: psycopg.Connection, schema: str | None) -> int | None:

@@ -1,4 +1,4 @@
-"""The operations that install the notify trigger again (0012, 0013).
+"""The operations that install the notify trigger again (0012, 0013, 0014).
 
 Not a migration (Django's loader skips modules whose name starts with ``_``).
 The model's current trigger is removed and added with django-pgtrigger's own
@@ -16,12 +16,17 @@ from django.db import migrations
 from vertique_workflow.models import WorkflowCommand
 
 
-def reinstall_notify_trigger() -> list[Any]:
-    """``SET LOCAL lock_timeout``, then remove and add the model's notify trigger."""
+def reinstall_notify_trigger(meanwhile: list[Any] | None = None) -> list[Any]:
+    """``SET LOCAL lock_timeout``, then remove and add the model's notify trigger.
+
+    ``meanwhile``: operations to run while the trigger is absent (PostgreSQL
+    refuses to change the type of a column a trigger's definition names).
+    """
     trigger = WorkflowCommand._meta.triggers[0]
     return [
         migrations.RunSQL("SET LOCAL lock_timeout = '30s'", migrations.RunSQL.noop),
         pgtrigger.migrations.RemoveTrigger(model_name="workflowcommand", name=trigger.name),
+        *(meanwhile or []),
         pgtrigger.migrations.AddTrigger(
             model_name="workflowcommand", trigger=trigger.compile(WorkflowCommand)
         ),
