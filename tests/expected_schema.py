@@ -7,7 +7,7 @@ index names); schema names are stripped so both placements compare with it.
 EXPECTED = {
     "functions": [
         "pgtrigger_workflow_commands_notify_fa6db",
-        "workflow_command_timer_kind_admitted",
+        "workflow_commands_timer_kind_check",
         "workflow_timer_held_back",
     ],
     "domains": {
@@ -100,7 +100,6 @@ EXPECTED = {
             },
             "constraints": {
                 "workflow_commands_pkey": "PRIMARY KEY (id)",
-                "workflow_commands_timer_kind_check": "CHECK (workflow_command_timer_kind_admitted((kind)::text, (timer_kind)::text))",
                 "workflow_commands_wf_seq_uniq": "UNIQUE (workflow_id, seq)",
                 "workflow_commands_workflow_fk": "FOREIGN KEY (workflow_id) REFERENCES workflow_instances(id) ON DELETE CASCADE",
             },
@@ -113,7 +112,12 @@ EXPECTED = {
             },
             "triggers": {
                 "pgtrigger_workflow_commands_notify_fa6db": "CREATE TRIGGER pgtrigger_workflow_commands_notify_fa6db AFTER INSERT OR UPDATE OF state, available_at ON workflow_commands FOR EACH ROW WHEN (((new.state)::text = ANY ('{PENDING,DEFERRED}'::text[]))) EXECUTE FUNCTION "
-                "pgtrigger_workflow_commands_notify_fa6db()"
+                "pgtrigger_workflow_commands_notify_fa6db()",
+                "workflow_commands_timer_kind_check": (
+                    "CREATE TRIGGER workflow_commands_timer_kind_check BEFORE INSERT OR UPDATE OF "
+                    "kind, timer_kind ON workflow_commands FOR EACH ROW EXECUTE FUNCTION "
+                    "workflow_commands_timer_kind_check()"
+                ),
             },
         },
         "workflow_dedup": {

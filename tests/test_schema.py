@@ -307,6 +307,83 @@ def test_0014_gives_state_and_kind_their_checks_as_domains_and_reverses(scratch_
     )
 
 
+@pytest.mark.parametrize("schema", [None, "workflow_data"], ids=["unqualified", "named-schema"])
+def test_0015_checks_the_timer_kind_only_when_a_write_names_its_columns(scratch_database, schema):
+    """0015 turns the timer-kind check into a BEFORE trigger of the same name: the same
+    verdicts and error, also for an update that sets kind or timer_kind; an update that
+    names neither (a claim, a settlement) does not run it; reversing restores the check."""
+    names = tables.sql_names(schema)
+    guard = tables.qualified_object("workflow_commands_timer_kind_check", schema)
+    run_manage(
+        "migrate", "vertique_workflow", "0014", "-v", "0", dbname=scratch_database, schema=schema
+    )
+    with connect(scratch_database, autocommit=True) as conn:
+        verdicts_at_0014 = command_check_verdicts(conn, schema)
+    run_manage("migrate", "-v", "0", dbname=scratch_database, schema=schema)
+    with connect(scratch_database, autocommit=True) as conn:
+        assert command_check_verdicts(conn, schema) == verdicts_at_0014
+        instance = insert_instance(conn, schema)
+        conn.execute(
+            f"INSERT INTO {names['commands']} (workflow_id, seq, kind, state, timer_kind) "
+            "VALUES (%s, 1, 'TIMER', 'PENDING', 'FIRE')",
+            [instance],
+        )
+        set_timer_kind = f"UPDATE {names['commands']} SET timer_kind = %s WHERE workflow_id = %s"
+        with pytest.raises(psycopg.errors.CheckViolation) as refused, conn.transaction():
+            conn.execute(set_timer_kind, [None, instance])
+        assert refused.value.diag.constraint_name == "workflow_commands_timer_kind_check"
+        assert refused.value.diag.table_name == tables.COMMANDS
+        assert refused.value.diag.schema_name == (schema or "public")
+        assert str(refused.value).startswith(
+            f'new row for relation "{tables.COMMANDS}" violates check constraint '
+            '"workflow_commands_timer_kind_check"'
+        )
+        with pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
+            conn.execute(
+                f"UPDATE {names['commands']} SET kind = 'SIGNAL' WHERE workflow_id = %s",
+                [instance],
+            )
+        # which writes run the guard: counted by PostgreSQL in this transaction
+        with conn.transaction():
+            conn.execute("SET LOCAL track_functions = 'pl'")
+            conn.execute(
+                f"UPDATE {names['commands']} SET state = 'CLAIMED' WHERE workflow_id = %s",
+                [instance],
+            )
+            after_state = guard_calls(conn, guard)
+            conn.execute(set_timer_kind, ["TIMEOUT", instance])
+            after_timer_kind = guard_calls(conn, guard)
+        assert (after_state, after_timer_kind) == (0, 1)
+        rules = describe(conn, schema or "public")
+    assert (
+        "workflow_commands_timer_kind_check"
+        not in rules["tables"]["workflow_commands"]["constraints"]
+    )
+    assert rules["tables"] == EXPECTED["tables"]
+    assert rules["functions"] == EXPECTED["functions"]
+
+    run_manage(
+        "migrate", "vertique_workflow", "0014", "-v", "0", dbname=scratch_database, schema=schema
+    )
+    with connect(scratch_database, autocommit=True) as conn:
+        assert command_check_verdicts(conn, schema) == verdicts_at_0014
+        reversed_ = describe(conn, schema or "public")
+    commands = reversed_["tables"]["workflow_commands"]
+    assert commands["constraints"]["workflow_commands_timer_kind_check"] == (
+        "CHECK (workflow_command_timer_kind_admitted((kind)::text, (timer_kind)::text))"
+    )
+    assert list(commands["triggers"]) == ["pgtrigger_workflow_commands_notify_fa6db"]
+    assert "workflow_commands_timer_kind_check" not in reversed_["functions"]
+
+
+def guard_calls(conn: psycopg.Connection, guard: str) -> int:
+    """Calls of the timer-kind guard in the current transaction (track_functions = 'pl')."""
+    row = conn.execute(
+        "SELECT calls FROM pg_stat_xact_user_functions WHERE funcid = %s::regproc", [guard]
+    ).fetchone()
+    return row[0] if row else 0
+
+
 def state_statistics_target(conn: psycopg.Connection, schema: str | None) -> int | None:
     return conn.execute(
         "SELECT attstattarget FROM pg_attribute WHERE attrelid = %s::regclass "
@@ -342,7 +419,7 @@ def analyzed_state_statistics(conn: psycopg.Connection, schema: str | None) -> l
 def trigger_comments(conn: psycopg.Connection, schema: str | None) -> list[tuple]:
     return conn.execute(
         "SELECT tgname, obj_description(oid, 'pg_trigger') FROM pg_trigger "
-        "WHERE tgrelid = %s::regclass AND NOT tgisinternal",
+        "WHERE tgrelid = %s::regclass AND NOT tgisinternal AND tgname LIKE 'pgtrigger%%'",
         [tables.sql_names(schema)["commands"]],
     ).fetchall()
 
