@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -285,12 +286,9 @@ def test_0014_gives_state_and_kind_their_checks_as_domains_and_reverses(scratch_
     assert migrated["domains"] == EXPECTED["domains"]
     assert migrated["tables"] == EXPECTED["tables"]
 
-    run_manage(
-        "migrate", "vertique_workflow", "0013", "-v", "0", dbname=scratch_database, schema=schema
-    )
-    with connect(scratch_database, autocommit=True) as conn:
-        assert command_check_verdicts(conn, schema) == verdicts_at_0013
-        reversed_ = describe(conn, schema or "public")
+    verdicts, reversed_ = migrate_and_judge(scratch_database, schema, "0013")
+    assert verdicts == verdicts_at_0013
+    with connect(scratch_database) as conn:
         assert conn.execute(kept, [instance]).fetchall() == [("SIGNAL", "COMPLETE")]
     assert reversed_["domains"] == {}
     assert reversed_["functions"] == at_0013["functions"]
@@ -362,18 +360,23 @@ def test_0015_checks_the_timer_kind_only_when_a_write_names_its_columns(scratch_
     assert rules["tables"] == EXPECTED["tables"]
     assert rules["functions"] == EXPECTED["functions"]
 
-    run_manage(
-        "migrate", "vertique_workflow", "0014", "-v", "0", dbname=scratch_database, schema=schema
-    )
-    with connect(scratch_database, autocommit=True) as conn:
-        assert command_check_verdicts(conn, schema) == verdicts_at_0014
-        reversed_ = describe(conn, schema or "public")
+    verdicts, reversed_ = migrate_and_judge(scratch_database, schema, "0014")
+    assert verdicts == verdicts_at_0014
     commands = reversed_["tables"]["workflow_commands"]
     assert commands["constraints"]["workflow_commands_timer_kind_check"] == (
         "CHECK (workflow_command_timer_kind_admitted((kind)::text, (timer_kind)::text))"
     )
     assert list(commands["triggers"]) == ["pgtrigger_workflow_commands_notify_fa6db"]
     assert "workflow_commands_timer_kind_check" not in reversed_["functions"]
+
+
+def migrate_and_judge(
+    dbname: str, schema: str | None, target: str
+) -> tuple[dict[tuple, str], dict[str, Any]]:
+    """Migrate the app to ``target``; the command checks' verdicts and the schema there."""
+    run_manage("migrate", "vertique_workflow", target, "-v", "0", dbname=dbname, schema=schema)
+    with connect(dbname, autocommit=True) as conn:
+        return command_check_verdicts(conn, schema), describe(conn, schema or "public")
 
 
 def guard_calls(conn: psycopg.Connection, guard: str) -> int:
