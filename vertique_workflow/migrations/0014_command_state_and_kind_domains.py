@@ -13,8 +13,8 @@ each ``varchar(16)`` with the check that was the table's, under the same
 name; the two functions of 0010 that held those checks go. The timer-kind
 check spans two columns and stays a check of the table (0010's function).
 Measured with callgrind on a one-thread drain: about 72,000 backend
-instructions less a 3-action instance, -2.9 % of the drain's backend and
--4.6 % of what each further instance costs (docs/performance.md).
+instructions less a 3-action instance, -2.9 % of the drain's backend, and
+about 37,000 less a start, -4.1 % (docs/performance.md).
 
 Same admitted values, same NULL behaviour (the columns are NOT NULL), and a
 refused value is still a check violation (SQLSTATE 23514) whose constraint
@@ -25,11 +25,13 @@ its message names the domain instead of the table. Readers see the same text
 PostgreSQL refuses to change the type of a column that a trigger's definition
 names, so the notify trigger is removed first and installed again after (as
 0012 and 0013 do, in the migration's transaction: no command is written
-without it). The domains are created without their checks, the columns take
-them without a rewrite of the table, and adding each check then scans the
-table once under the migration's locks (30-second lock timeout): on a very
-large command log expect one scan per check while writers wait. The domains
-live in the workflow schema when one is configured, next to the table.
+without it). The domains are created without their checks, so the columns
+take them without a rewrite of the table; PostgreSQL still rebuilds the three
+partial indexes whose predicates name ``state``, and adding each check scans
+the table once, all under the table's ACCESS EXCLUSIVE lock (30-second lock
+timeout for the wait): on a very large command log expect five passes over it
+while writers wait. The domains live in the workflow schema when one is
+configured, next to the table.
 
 Django's model state does not change: the model's conditions stay the rule of
 ``Model.validate_constraints``. A later ``AlterField`` of ``state`` or ``kind``
