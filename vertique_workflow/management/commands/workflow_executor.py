@@ -19,6 +19,7 @@ from ...conf import workflow_settings
 from ...definitions import catalog
 from ...exceptions import WorkflowDefinitionError
 from ...executor.daemon import Executor, ExecutorOptions, startup_report
+from ...executor.startup_heap import kept_from_collector
 from ...registry import ensure_synced, stranded_instances, stranded_summary
 from ..daemons import configure_logging, poll_ms, use_database
 
@@ -110,6 +111,9 @@ class Command(BaseCommand):
         log.info(startup_report(executor_options, catalog.all(), tables.SCHEMA))
         executor = Executor(executor_options)
         executor.install_signal_handlers()
-        code = executor.run()
+        with kept_from_collector() as frozen:
+            if frozen:
+                log.debug("%s start-up objects kept out of the cyclic garbage collector", frozen)
+            code = executor.run()
         if code:
             sys.exit(code)
