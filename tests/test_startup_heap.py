@@ -56,8 +56,14 @@ def test_the_command_runs_its_executor_with_the_start_up_heap_frozen(monkeypatch
 
     monkeypatch.setattr(daemon.Executor, "run", run)
     ref = wf.start("order", {"amount": 0}, idempotency_key="heap")
-    with caplog.at_level(logging.DEBUG, logger="vertique_workflow.executor"):
-        call_command("workflow_executor", "--until-idle", "--concurrency", "1", verbosity=3)
+    # the command sets the package logger's level from its verbosity: restored after
+    package_logger = logging.getLogger("vertique_workflow")
+    previous = package_logger.level
+    try:
+        with caplog.at_level(logging.DEBUG, logger="vertique_workflow.executor"):
+            call_command("workflow_executor", "--until-idle", "--concurrency", "1", verbosity=3)
+    finally:
+        package_logger.setLevel(previous)
     assert wf.get(ref.id).status == "COMPLETED"
     assert len(seen) == 1 and seen[0] > 0
     assert gc.get_freeze_count() == 0  # the test process has its heap back

@@ -9,9 +9,8 @@ project's heap. In the benchmark app (about 75,000 tracked objects at
 start-up) a 3,000-instance one-thread drain by this command ran one such
 pass of 16 to 27 ms; with the start-up heap frozen, none ran during the
 drain (the freeze's own collection, about 17 ms, runs before the first
-claim), and the collector's share of the drain's wall time went from 0.7
-to 0.8 % to 0.3 to 0.4 % (``gc.callbacks``). A larger project pays more per
-pass.
+claim), and the collector's share of the drain's wall time went from 0.5
+to 0.7 % to 0.2 % (``gc.callbacks``). A larger project pays more per pass.
 
 ``gc.freeze()`` moves every tracked object to a permanent generation the
 collector ignores; objects allocated later are collected as before, and
