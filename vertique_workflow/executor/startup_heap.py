@@ -15,11 +15,13 @@ to 0.7 % to 0.2 % (``gc.callbacks``). A larger project pays more per pass.
 ``gc.freeze()`` moves every tracked object to a permanent generation the
 collector ignores; objects allocated later are collected as before, and
 frozen ones are still freed by reference counting (only a reference cycle
-among them waits for :func:`gc.unfreeze`). On leaving, everything frozen
-here goes back to the collector, so a caller that runs the command in its
-own process (a test calling ``call_command``) finds its heap as it was. A
-process that froze objects of its own before is left as it is: its
-freeze is its choice, and unfreezing here would undo it.
+among them waits for :func:`gc.unfreeze`). ``gc.unfreeze()`` gives back
+the whole permanent generation, not what one freeze put there, so on
+leaving it runs only when nothing was frozen before: then a caller that
+runs the command in its own process (a test calling ``call_command``)
+finds its heap as it was. Where objects were frozen already (the host's own
+freeze, or the few hundred Python 3.12 freezes at start-up), what was
+frozen here stays frozen: unfreezing would undo the earlier freeze too.
 """
 
 from __future__ import annotations
@@ -31,19 +33,19 @@ from contextlib import contextmanager
 
 @contextmanager
 def kept_from_collector() -> Iterator[int]:
-    """Collect, then freeze what is alive, for the body; yields how many objects were frozen.
+    """Collect, then freeze what is alive, for the body; yields how many objects this froze.
 
-    Yields 0 (and freezes nothing) when the process has frozen objects already.
+    Afterwards everything frozen goes back to the collector only when
+    nothing was frozen before (see the module docstring).
     """
-    if gc.get_freeze_count():
-        yield 0
-        return
+    held = gc.get_freeze_count()
     gc.collect()  # garbage of start-up is freed, not frozen
     gc.freeze()
     try:
-        yield gc.get_freeze_count()
+        yield gc.get_freeze_count() - held
     finally:
-        gc.unfreeze()
+        if not held:
+            gc.unfreeze()
 
 
 __all__ = ["kept_from_collector"]
