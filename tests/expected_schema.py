@@ -111,7 +111,7 @@ EXPECTED = {
                 "workflow_commands_wf_seq_uniq": "CREATE UNIQUE INDEX workflow_commands_wf_seq_uniq ON workflow_commands USING btree (workflow_id, seq)",
             },
             "triggers": {
-                "pgtrigger_workflow_commands_notify_fa6db": "CREATE TRIGGER pgtrigger_workflow_commands_notify_fa6db AFTER INSERT OR UPDATE OF state, available_at ON workflow_commands FOR EACH ROW WHEN (((new.state)::text = ANY ('{PENDING,DEFERRED}'::text[]))) EXECUTE FUNCTION "
+                "pgtrigger_workflow_commands_notify_fa6db": "CREATE TRIGGER pgtrigger_workflow_commands_notify_fa6db AFTER INSERT OR UPDATE OF state, available_at ON workflow_commands FOR EACH ROW EXECUTE FUNCTION "
                 "pgtrigger_workflow_commands_notify_fa6db()",
                 "workflow_commands_timer_kind_check": (
                     "CREATE TRIGGER workflow_commands_timer_kind_check BEFORE INSERT OR UPDATE OF "

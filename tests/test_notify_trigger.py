@@ -94,15 +94,49 @@ def test_pgtrigger_ignore_silences_the_trigger_and_an_empty_setting_does_not(lis
     assert received_until_sentinel(listener) == [epoch_ms(command)]
 
 
+def notify_trigger() -> tuple[str | None, str, str]:
+    """(the trigger's WHEN as PostgreSQL prints it or None, its function's name and source)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_triggerdef(t.oid), t.tgqual IS NULL, t.tgfoid::regproc::text, "
+            "p.prosrc FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+            "WHERE t.tgrelid = %s::regclass AND t.tgname LIKE %s",
+            [tables.qualified(tables.COMMANDS), f"pgtrigger_{NOTIFY_TRIGGER_NAME}_%"],
+        )
+        rows = cursor.fetchall()
+    assert len(rows) == 1, rows
+    definition, no_when, function, source = rows[0]
+    return (None if no_when else definition), function, source
+
+
 @pytest.mark.django_db
 def test_the_trigger_function_starts_no_subtransaction():
     """The installed function makes the ignore test inline, without pgtrigger's helper."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT p.prosrc FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
-            "WHERE t.tgrelid = %s::regclass AND NOT t.tgisinternal",
-            [tables.qualified(tables.COMMANDS)],
-        )
-        (source,) = cursor.fetchone()
+    _, _, source = notify_trigger()
     assert "_pgtrigger_should_ignore" not in source
     assert "current_setting('pgtrigger.ignore', true)" in source
+
+
+def test_the_condition_is_tested_in_the_function_not_in_a_when_clause(listener):
+    """0016: no WHEN (PostgreSQL re-read it from text for every statement writing a
+    command); the function tests the state, so an update to a state that does not
+    notify calls it once and notifies nothing, and one to PENDING notifies."""
+    when, function, source = notify_trigger()
+    assert when is None
+    assert "'{PENDING,DEFERRED}'::text[]" in source
+    instance = make_instance()
+    command = WorkflowCommand.objects.create(
+        workflow=instance, seq=1, kind="START", state="PENDING"
+    )
+    assert received_until_sentinel(listener) == [epoch_ms(command)]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL track_functions = 'pl'")
+        WorkflowCommand.objects.filter(pk=command.pk).update(state="CLAIMED")
+        cursor.execute(
+            "SELECT calls FROM pg_stat_xact_user_functions WHERE funcid = %s::regproc",
+            [function],
+        )
+        assert cursor.fetchone() == (1,)
+    assert received_until_sentinel(listener) == []
+    WorkflowCommand.objects.filter(pk=command.pk).update(state="PENDING")
+    assert received_until_sentinel(listener) == [epoch_ms(command)]

@@ -31,7 +31,7 @@ from tests.test_registry_errors import Plan
 from vertique_workflow import context, tables
 from vertique_workflow import registry as registry_sync
 from vertique_workflow.exceptions import DefinitionUnavailable, WorkflowConflict
-from vertique_workflow.store import db, instances, pipelined_start
+from vertique_workflow.store import db, direct_statements, instances, pipelined_start
 from vertique_workflow.store import definitions as registry
 
 from .executor_process import wait_until
@@ -91,6 +91,48 @@ def test_an_admitted_start_is_recorded_and_committed(registered):
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT status FROM {T['instances']} WHERE id = %s", [record["wf"]])
         assert cursor.fetchone() == ("PENDING",)
+
+
+@pytest.mark.parametrize(
+    "record_sql",
+    [
+        instances.RECORD_START,
+        pipelined_start.RECORD_ADMITTED_START,
+        pipelined_start.RECORD_REMEMBERED_START,
+    ],
+    ids=["record", "admitted", "remembered"],
+)
+def test_the_records_generic_plan_sets_up_no_subquery_scan(record_sql):
+    """The START command's clock comes from the queue row's RETURNING, so PostgreSQL pulls
+    the SELECT up into the insert: no subquery scan set up on every execution."""
+    query, order = direct_statements.converted(record_sql)
+    assert order is not None
+    with connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            cursor.execute(f"PREPARE record_plan AS {query.decode()}")
+            nulls = ", ".join(["NULL"] * len(order))
+            cursor.execute(f"EXPLAIN (COSTS OFF) EXECUTE record_plan ({nulls})")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE ALL")
+            cursor.execute("RESET plan_cache_mode")
+    assert plan.count("Insert on") == 4, plan  # key, instance, queue row, command
+    assert "Subquery Scan" not in plan, plan
+
+
+def test_the_start_commands_clock_is_read_when_it_is_recorded(registered):
+    """recorded_at is the clock of the record's statement (not the transaction's start)."""
+    record = record_for(registered)
+    assert pipelined_start.admit_and_record(record)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT c.recorded_at >= i.created_at, c.recorded_at <= clock_timestamp(), "
+            f"c.available_at <= c.recorded_at FROM {T['commands']} c "
+            f"JOIN {T['instances']} i ON i.id = c.workflow_id WHERE c.workflow_id = %s",
+            [record["wf"]],
+        )
+        assert cursor.fetchone() == (True, True, True)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The operations that install the notify trigger again (0012, 0013, 0014).
+"""The operations that install the notify trigger again (0012, 0013, 0014, 0016).
 
 Not a migration (Django's loader skips modules whose name starts with ``_``).
 The model's current trigger is removed and added with django-pgtrigger's own
