@@ -122,7 +122,8 @@ def test_the_records_generic_plan_sets_up_no_subquery_scan(record_sql):
 
 
 def test_the_start_commands_clock_is_read_when_it_is_recorded(registered):
-    """recorded_at is the clock of the record's statement (not the transaction's start)."""
+    """recorded_at is read while the record runs: not before its statement began (the
+    instance's created_at), not after now, not before the transaction's start (available_at)."""
     record = record_for(registered)
     assert pipelined_start.admit_and_record(record)
     with connection.cursor() as cursor:

@@ -76,11 +76,12 @@ class CommandNotifyTrigger(pgtrigger.Trigger):
     # The condition is tested in the function, not in a ``WHEN`` clause: PostgreSQL
     # keeps a trigger's ``WHEN`` as the text of a node tree and reads it back,
     # compiles and prepares it for every statement that writes the table (each
-    # recording, claim and settlement of a command), which cost more than calling
-    # the function for a row it then ignores (callgrind: a start 835,000 -> 810,000
-    # backend instructions, a claim-like update 153,000 -> 143,000; migration 0016,
-    # docs/performance.md). Spelled with one constant array, as 0012 spelled the
-    # ``WHEN``; PL/pgSQL keeps the test's plan for the session.
+    # recording, claim and settlement of a command). A recorded command saves all
+    # of it (callgrind: a start 835,000 -> 810,000 backend instructions); a claim or
+    # a settlement now calls the function, which ignores the row at about the cost
+    # the ``WHEN`` had (a drain unchanged; migration 0016, docs/performance.md).
+    # Spelled with one constant array, as 0012 spelled the ``WHEN``; PL/pgSQL keeps
+    # the test's plan for the session.
     func = (
         """IF NEW."state"::text = ANY ('{PENDING,DEFERRED}'::text[]) THEN """
         f"PERFORM pg_notify('{tables.NOTIFY_CHANNEL}', "
