@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -107,16 +107,21 @@ def test_the_records_generic_plan_sets_up_no_subquery_scan(record_sql):
     the SELECT up into the insert: no subquery scan set up on every execution."""
     query, order = direct_statements.converted(record_sql)
     assert order is not None
+    # SET LOCAL and one named statement: the connection's own session setting and
+    # prepared statements (store.db, store.direct_statements) are left as they were
     with connection.cursor() as cursor:
-        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        prepared = False
         try:
-            cursor.execute(f"PREPARE record_plan AS {query.decode()}")
-            nulls = ", ".join(["NULL"] * len(order))
-            cursor.execute(f"EXPLAIN (COSTS OFF) EXECUTE record_plan ({nulls})")
-            plan = "\n".join(row[0] for row in cursor.fetchall())
+            with transaction.atomic():
+                cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                cursor.execute(f"PREPARE record_plan AS {query.decode()}")
+                prepared = True
+                nulls = ", ".join(["NULL"] * len(order))
+                cursor.execute(f"EXPLAIN (COSTS OFF) EXECUTE record_plan ({nulls})")
+                plan = "\n".join(row[0] for row in cursor.fetchall())
         finally:
-            cursor.execute("DEALLOCATE ALL")
-            cursor.execute("RESET plan_cache_mode")
+            if prepared:
+                cursor.execute("DEALLOCATE record_plan")
     assert plan.count("Insert on") == 4, plan  # key, instance, queue row, command
     assert "Subquery Scan" not in plan, plan
 
