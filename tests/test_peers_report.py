@@ -6,7 +6,15 @@ No database: the report is arithmetic over the figures a run collected.
 from __future__ import annotations
 
 from benchmarks.executor_benchmark import CommitWait
-from benchmarks.peers import GROUPS, Results, each_interleaved, paired, report, run_order
+from benchmarks.peers import (
+    GROUPS,
+    Results,
+    busy_cores,
+    each_interleaved,
+    paired,
+    report,
+    run_order,
+)
 
 
 def test_paired_ratios_run_from_the_lowest_to_the_highest_repetition():
@@ -47,6 +55,38 @@ def test_the_report_prints_the_commit_wait_by_wal_and_the_one_thread_drains_wal(
     assert "| 6,438 B | 195 µs | 52 µs | 143 µs |" in out
     assert "ours 5,500 B in 2.04 commits" in out
     assert "Procrastinate 1,765 B in 4.00 commits" in out
+
+
+def test_the_report_counts_the_repetitions_a_second_process_raised_the_rate(capsys):
+    results = Results()
+    for one, two in ((1300.0, 1450.0), (1320.0, 1200.0), (1250.0, 1400.0)):
+        results.add("ours 3-action 1x4", {"rate": one})
+        results.add("ours 3-action 2x4", {"rate": two})
+    report(results, limit=7000.0)
+    out = capsys.readouterr().out
+    row = "| 3-action drain 2x4 / 1x4 (a second executor process) | 1,400/s | 1,300/s |"
+    assert f"{row} 1.08 | 0.91 to 1.12 |" in out
+    assert (
+        "a second executor process raised the 3-action rate in 2 of 3 repetitions "
+        "(1x4 -> 2x4, /s: 1,300 -> 1,450, 1,320 -> 1,200, 1,250 -> 1,400)"
+    ) in out
+
+
+def test_busy_cores_are_the_rate_times_the_cpu_per_unit():
+    assert busy_cores({"rate": 160.0, "pg_cpu_ms": 2.5, "py_cpu_ms": 6.5}) == (0.4, 1.04)
+    assert busy_cores({"value": 1.2}) is None  # a latency: no drain, no cores
+
+
+def test_the_report_prints_the_median_cores_of_each_drain(capsys):
+    results = Results()
+    for rate, pg, py in ((150.0, 2.0, 7.0), (200.0, 2.0, 5.0), (100.0, 4.0, 10.0)):
+        results.add("dbos 3-step", {"rate": rate, "pg_cpu_ms": pg, "py_cpu_ms": py})
+    results.add("ours latency", 1.1)
+    report(results, limit=7000.0)
+    out = capsys.readouterr().out
+    # per repetition: (0.30, 1.05), (0.40, 1.00), (0.40, 1.00); both 1.35, 1.40, 1.40
+    assert "| dbos 3-step | 0.40 | 1.00 | 1.40 |" in out
+    assert "| ours latency |" not in out
 
 
 def test_without_commit_waits_the_report_prints_no_commit_table(capsys):
