@@ -667,7 +667,7 @@ def second_process(results: Results) -> None:
     )
 
 
-def busy_cores(figures: dict[str, float]) -> tuple[float, float] | None:
+def drain_cores(figures: dict[str, float]) -> tuple[float, float] | None:
     """(PostgreSQL, Python) cores a drain kept busy: its rate times its CPU per unit.
 
     None when the drain has no CPU figures. Both meters bound the true figure from
@@ -689,7 +689,7 @@ def cores_busy(results: Results) -> None:
     """
     rows = []
     for name in sorted(results.figures):
-        cores = [c for c in map(busy_cores, results.figures[name]) if c is not None]
+        cores = [c for c in map(drain_cores, results.figures[name]) if c is not None]
         if cores:
             pg = statistics.median(c[0] for c in cores)
             py = statistics.median(c[1] for c in cores)

@@ -9,7 +9,7 @@ from benchmarks.executor_benchmark import CommitWait
 from benchmarks.peers import (
     GROUPS,
     Results,
-    busy_cores,
+    drain_cores,
     each_interleaved,
     paired,
     report,
@@ -73,8 +73,8 @@ def test_the_report_counts_the_repetitions_a_second_process_raised_the_rate(caps
 
 
 def test_busy_cores_are_the_rate_times_the_cpu_per_unit():
-    assert busy_cores({"rate": 160.0, "pg_cpu_ms": 2.5, "py_cpu_ms": 6.5}) == (0.4, 1.04)
-    assert busy_cores({"value": 1.2}) is None  # a latency: no drain, no cores
+    assert drain_cores({"rate": 160.0, "pg_cpu_ms": 2.5, "py_cpu_ms": 6.5}) == (0.4, 1.04)
+    assert drain_cores({"value": 1.2}) is None  # a latency: no drain, no cores
 
 
 def test_the_report_prints_the_median_cores_of_each_drain(capsys):
