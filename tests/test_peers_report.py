@@ -72,7 +72,7 @@ def test_the_report_counts_the_repetitions_a_second_process_raised_the_rate(caps
     ) in out
 
 
-def test_busy_cores_are_the_rate_times_the_cpu_per_unit():
+def test_a_drains_cores_are_its_rate_times_its_cpu_per_unit():
     assert drain_cores({"rate": 160.0, "pg_cpu_ms": 2.5, "py_cpu_ms": 6.5}) == (0.4, 1.04)
     assert drain_cores({"value": 1.2}) is None  # a latency: no drain, no cores
 
