@@ -213,7 +213,6 @@ class Ours:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._idle_cpu: dict[tuple[int, int], float] = {}
         os.environ["DATABASE_URL"] = url
         manage(url, "migrate", "-v", "0")
         import django
@@ -297,12 +296,14 @@ class Ours:
 
         Subtracted from a drain's Python CPU, so the figure is what a running
         executor spends per instance (Django's start-up is not per instance).
+        Measured right after every drain, in its minute: a shared machine's speed
+        moves between minutes, and until 7 December 2026 one sample per
+        configuration and run, taken in another minute, was subtracted from every
+        drain (twice at 2x4, which read 0.13 ms an instance in one repetition).
         """
-        if config not in self._idle_cpu:
-            started = python_cpu()
-            wait_all(self.executors(*config))
-            self._idle_cpu[config] = python_cpu() - started
-        return self._idle_cpu[config]
+        started = python_cpu()
+        wait_all(self.executors(*config))
+        return python_cpu() - started
 
     def start_each(self, count: int) -> float:
         rate = count / self.start_chunk(count)
@@ -367,7 +368,6 @@ class Procrastinate:
     def __init__(self, url: str) -> None:
         self.url = url
         self.env = {"PEERS_PROCRASTINATE_URL": url}
-        self._idle_cpu: dict[int, float] = {}
         run_json("benchmarks.peer_procrastinate", "schema", env=self.env)
         run_json("benchmarks.peer_procrastinate", "defer-batch", str(WARM_UP), env=self.env)
         run_json("benchmarks.peer_procrastinate", "worker", "4", env=self.env)
@@ -384,12 +384,13 @@ class Procrastinate:
         return {"rate": count / span, **figures}
 
     def idle_cpu(self, concurrency: int) -> float:
-        """Python CPU seconds of a worker that starts, finds nothing, and exits."""
-        if concurrency not in self._idle_cpu:
-            started = python_cpu()
-            run_json("benchmarks.peer_procrastinate", "worker", str(concurrency), env=self.env)
-            self._idle_cpu[concurrency] = python_cpu() - started
-        return self._idle_cpu[concurrency]
+        """Python CPU seconds of a worker that starts, finds nothing, and exits.
+
+        Measured right after every drain, in its minute, as ours is (:meth:`Ours.idle_cpu`).
+        """
+        started = python_cpu()
+        run_json("benchmarks.peer_procrastinate", "worker", str(concurrency), env=self.env)
+        return python_cpu() - started
 
     def defer_chunk(self, count: int) -> float:
         """Seconds ``count`` defers take, one after another (timed in the worker process)."""
