@@ -31,7 +31,10 @@ slow minute of the shared machine lands on both sides of a ratio), it measures:
   and commits per unit of the one-thread drains: a one-thread drain waits for
   each of its commits, and on some machines that wait grows with the WAL.
 
-The medians over the repetitions are printed with each ratio ours / peer.
+The medians over the repetitions are printed with each ratio ours / peer,
+then in how many repetitions a second executor process raised our 3-action
+rate (2x4 against the 1x4 drain next to it) and the cores each drain kept busy
+(its rate times its CPU per unit).
 The figures need the ``bench`` extra (``pip install -e ".[bench]"``); a peer
 that is not installed is reported and its ratios left out.
 """
