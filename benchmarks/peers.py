@@ -155,6 +155,72 @@ class Meter:
         )
 
 
+# -- the server's WAL ------------------------------------------------------------
+
+# WAL segments the run has the server create and recycle before the figures:
+# 1 GB, PostgreSQL's default max_wal_size (the most a checkpoint recycles ahead).
+WAL_SEGMENTS = 64
+
+
+@dataclass(frozen=True)
+class WalReady:
+    """What :func:`ready_wal` did: segments created, the median switch, segments ahead."""
+
+    created: int
+    switch_ms: float
+    ahead: int
+
+
+def wal_ahead(conn: psycopg.Connection) -> int:
+    """WAL segment files after the one being written: recycled, ready for the WAL to come."""
+    return conn.execute(
+        "SELECT count(*) FROM pg_ls_waldir() "
+        "WHERE name ~ '^[0-9A-F]{24}$' AND name > pg_walfile_name(pg_current_wal_lsn())"
+    ).fetchone()[0]
+
+
+def ready_wal(url: str, segments: int = WAL_SEGMENTS) -> WalReady | None:
+    """Have the server hold WAL segments ahead of its insert position, as a running one does.
+
+    A fresh server creates each 16 MB WAL segment when its WAL first reaches it,
+    zero-filled and fsynced while it holds the WAL write lock, so every
+    committer waits (about 50 ms on the machine of docs/performance.md, against
+    0.35 ms for a commit into a segment that exists). A server that has run
+    through a checkpoint renames its old segments into the ones ahead instead
+    and never pays it. The cost is per byte of WAL, and the sides of a ratio
+    write different amounts (ours 3x Procrastinate's per unit), so a fresh
+    server would bill them a cost a running one does not have. ``segments``
+    switches, each after one WAL record, then a ``CHECKPOINT``, which recycles
+    the old segments ahead of the insert position (up to ``max_wal_size``).
+    None when the role may not (switching WAL and checkpoints need a
+    superuser): the server is then measured as it is.
+    """
+    times = []
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(segments):
+                started = time.perf_counter()
+                conn.execute("SELECT pg_logical_emit_message(false, 'vertique-peers', '')")
+                conn.execute("SELECT pg_switch_wal()")
+                times.append((time.perf_counter() - started) * 1000)
+            conn.execute("CHECKPOINT")
+            ahead = wal_ahead(conn)
+    except psycopg.errors.InsufficientPrivilege:
+        return None
+    return WalReady(segments, statistics.median(times) if times else 0.0, ahead)
+
+
+def wal_line(ready: WalReady | None) -> str:
+    """The report's line on the WAL the server held ahead when the figures began."""
+    if ready is None:
+        return "WAL: the server as it is (--wal-segments 0, or the role may not switch WAL)"
+    return (
+        f"WAL: {ready.created} segments created before the figures "
+        f"(a switch: {ready.switch_ms:.1f} ms, median), "
+        f"{ready.ahead} ready ahead of the insert position after a checkpoint"
+    )
+
+
 # -- databases -------------------------------------------------------------------
 
 
@@ -798,6 +864,12 @@ def main() -> None:
         default=8,
         help="alternating slices the one-at-a-time starts and defers are measured in",
     )
+    parser.add_argument(
+        "--wal-segments",
+        type=int,
+        default=WAL_SEGMENTS,
+        help="WAL segments created and recycled before the figures (0: the server as it is)",
+    )
     parser.add_argument("--skip", default="", help="comma list: procrastinate,dbos,ours-wide")
     parser.add_argument(
         "--only",
@@ -866,6 +938,7 @@ def main() -> None:
             for group in GROUPS
         ]
         urls = [system.url for system in (ours, proc, dbos) if system is not None]
+        print(wal_line(ready_wal(admin_url(), args.wal_segments) if args.wal_segments else None))
         for repetition in range(args.repetitions):
             print(f"-- repetition {repetition + 1} of {args.repetitions}", flush=True)
             for name in run_order(groups, repetition):
@@ -881,6 +954,11 @@ def main() -> None:
                 )
                 print(f"   {name}: {shown}", flush=True)
         report(results, limit, waits)
+        with (
+            psycopg.connect(admin_url(), autocommit=True) as conn,
+            contextlib.suppress(psycopg.errors.InsufficientPrivilege),
+        ):
+            print(f"WAL segments ahead of the insert position after the run: {wal_ahead(conn)}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,67 @@
+"""The peers benchmark starts its figures on a server that holds WAL segments ahead.
+
+A fresh server creates, zero-fills and fsyncs each WAL segment when its WAL
+first reaches it, with every committer waiting; a running one has recycled
+segments ahead of its insert position (docs/performance.md, "WAL segments of a
+fresh server"). ``ready_wal`` puts the benchmark's server in the running state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.peers import WalReady, ready_wal, wal_ahead, wal_line
+from tests.conftest import connect, database_url
+
+
+def _segment(conn: Any) -> int:
+    """The number of the WAL segment being written (timeline left out)."""
+    name = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()[0]
+    return int(name[8:], 16)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ready_wal_switches_through_new_segments_and_leaves_recycled_ones_ahead(
+    settings: Any,
+) -> None:
+    name = settings.DATABASES["default"]["NAME"]
+    with connect(name, autocommit=True) as conn:
+        before = _segment(conn)
+        ready = ready_wal(database_url(name), 3)
+        after = _segment(conn)
+        assert ready is not None
+        assert ready.created == 3
+        assert after >= before + 3  # every switch moved the insert position to a new segment
+        assert ready.switch_ms > 0
+        # the checkpoint renamed segments the insert position had left behind into
+        # segments after it (PostgreSQL keeps at least min_wal_size, 5 segments)
+        assert ready.ahead >= 3
+        assert wal_ahead(conn) >= 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_role_that_may_not_switch_wal_leaves_the_server_as_it_is(settings: Any) -> None:
+    name = settings.DATABASES["default"]["NAME"]
+    role = "vw_peers_not_super"
+    with connect(name, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {role}")
+        conn.execute(f"CREATE ROLE {role} NOSUPERUSER")
+        try:
+            # the session runs as that role from its start (no login of its own needed)
+            url = f"{database_url(name)}?options=-c%20role%3D{role}"
+            before = _segment(conn)
+            assert ready_wal(url, 3) is None
+            assert _segment(conn) == before  # refused at the first switch: nothing written
+        finally:
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_the_wal_line_names_what_was_prepared_or_that_nothing_was():
+    line = wal_line(WalReady(created=64, switch_ms=49.96, ahead=63))
+    assert line == (
+        "WAL: 64 segments created before the figures (a switch: 50.0 ms, median), "
+        "63 ready ahead of the insert position after a checkpoint"
+    )
+    assert "the server as it is" in wal_line(None)
