@@ -179,6 +179,13 @@ def wal_ahead(conn: psycopg.Connection) -> int:
     ).fetchone()[0]
 
 
+def wal_written(conn: psycopg.Connection) -> int:
+    """Bytes of WAL the server has written since it was created (its insert position)."""
+    return int(
+        conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint").fetchone()[0]
+    )
+
+
 def ready_wal(url: str, segments: int = WAL_SEGMENTS) -> WalReady | None:
     """Have the server hold WAL segments ahead of its insert position, as a running one does.
 
@@ -939,6 +946,8 @@ def main() -> None:
         ]
         urls = [system.url for system in (ours, proc, dbos) if system is not None]
         print(wal_line(ready_wal(admin_url(), args.wal_segments) if args.wal_segments else None))
+        with psycopg.connect(admin_url(), autocommit=True) as conn:
+            wal_before = wal_written(conn)
         for repetition in range(args.repetitions):
             print(f"-- repetition {repetition + 1} of {args.repetitions}", flush=True)
             for name in run_order(groups, repetition):
@@ -954,11 +963,11 @@ def main() -> None:
                 )
                 print(f"   {name}: {shown}", flush=True)
         report(results, limit, waits)
-        with (
-            psycopg.connect(admin_url(), autocommit=True) as conn,
-            contextlib.suppress(psycopg.errors.InsufficientPrivilege),
-        ):
-            print(f"WAL segments ahead of the insert position after the run: {wal_ahead(conn)}")
+        with psycopg.connect(admin_url(), autocommit=True) as conn:
+            written = (wal_written(conn) - wal_before) / 2**20
+            print(f"WAL written during the figures: {written:,.0f} MB")
+            with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                print(f"WAL segments ahead of the insert position after the run: {wal_ahead(conn)}")
 
 
 if __name__ == "__main__":

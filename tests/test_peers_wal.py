@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.peers import WalReady, ready_wal, wal_ahead, wal_line
+from benchmarks.peers import WalReady, ready_wal, wal_ahead, wal_line, wal_written
 from tests.conftest import connect, database_url
 
 
@@ -28,9 +28,11 @@ def test_ready_wal_switches_through_new_segments_and_leaves_recycled_ones_ahead(
 ) -> None:
     name = settings.DATABASES["default"]["NAME"]
     with connect(name, autocommit=True) as conn:
-        before = _segment(conn)
+        before, written = _segment(conn), wal_written(conn)
         ready = ready_wal(database_url(name), 3)
         after = _segment(conn)
+        # three switches: at least the rest of the first segment and two whole ones
+        assert wal_written(conn) - written >= 2 * 16 * 2**20
         assert ready is not None
         assert ready.created == 3
         assert after >= before + 3  # every switch moved the insert position to a new segment
