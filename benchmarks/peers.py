@@ -122,15 +122,27 @@ class Reading:
     wal_records: int
     pg_cpu: float
     py_cpu: float
+    checkpoints: int = 0
 
     def minus(self, other: Reading, units: int) -> dict[str, float]:
         return {
+            # a count, not per unit: after a checkpoint begins, the first change of
+            # each page writes the whole page to WAL, so a drain it lands in pays
+            # more WAL and CPU per unit than its pair
+            "checkpoints": float(self.checkpoints - other.checkpoints),
             "commits": (self.commits - other.commits) / units,
             "wal_bytes": (self.wal_bytes - other.wal_bytes) / units,
             "wal_records": (self.wal_records - other.wal_records) / units,
             "pg_cpu_ms": (self.pg_cpu - other.pg_cpu) * 1000 / units,
             "py_cpu_ms": (self.py_cpu - other.py_cpu) * 1000 / units,
         }
+
+
+# Checkpoints begun since the statistics were reset (PostgreSQL 17 moved them).
+CHECKPOINTS = {
+    False: "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter",
+    True: "SELECT num_timed + num_requested FROM pg_stat_checkpointer",
+}
 
 
 class Meter:
@@ -146,12 +158,16 @@ class Meter:
             wal_bytes, wal_records = conn.execute(
                 "SELECT wal_bytes::bigint, wal_records FROM pg_stat_wal"
             ).fetchone()
+            checkpoints = conn.execute(CHECKPOINTS[conn.info.server_version >= 170000]).fetchone()[
+                0
+            ]
         return Reading(
             int(commits),
             int(wal_bytes),
             int(wal_records),
             postgres_cpu(self.postmaster),
             python_cpu(),
+            int(checkpoints),
         )
 
 
@@ -359,6 +375,7 @@ class Ours:
                 before.wal_records + resumed.wal_records - mid.wal_records,
                 before.pg_cpu + resumed.pg_cpu - mid.pg_cpu,
                 before.py_cpu + resumed.py_cpu - mid.py_cpu,
+                before.checkpoints + resumed.checkpoints - mid.checkpoints,
             )
             wait_all(self.executors(processes, threads))
             span = span_seconds(self.url, OUR_WAIT_SPAN, marker)
@@ -737,11 +754,25 @@ def second_process(results: Results) -> None:
     if not one or len(one) != len(two):
         return
     raised = sum(b > a for a, b in zip(one, two, strict=True))
-    pairs = ", ".join(f"{a:,.0f} -> {b:,.0f}" for a, b in zip(one, two, strict=True))
+    # a repetition in which the server counted a checkpoint during either drain is marked
+    marked = [
+        bool(a or b)
+        for a, b in zip(
+            results.values("ours 3-action 1x4", "checkpoints") or [0.0] * len(one),
+            results.values("ours 3-action 2x4", "checkpoints") or [0.0] * len(two),
+            strict=True,
+        )
+    ]
+    pairs = ", ".join(
+        f"{a:,.0f} -> {b:,.0f}{'*' if mark else ''}"
+        for a, b, mark in zip(one, two, marked, strict=True)
+    )
     print(
         f"\na second executor process raised the 3-action rate in {raised} of {len(one)} "
         f"repetitions (1x4 -> 2x4, /s: {pairs})"
     )
+    if any(marked):
+        print("(*: the server counted a checkpoint during one of the two drains)")
 
 
 def drain_cores(figures: dict[str, float]) -> tuple[float, float] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from benchmarks.executor_benchmark import CommitWait
 from benchmarks.peers import (
     GROUPS,
+    Reading,
     Results,
     drain_cores,
     each_interleaved,
@@ -70,6 +71,25 @@ def test_the_report_counts_the_repetitions_a_second_process_raised_the_rate(caps
         "a second executor process raised the 3-action rate in 2 of 3 repetitions "
         "(1x4 -> 2x4, /s: 1,300 -> 1,450, 1,320 -> 1,200, 1,250 -> 1,400)"
     ) in out
+
+
+def test_the_report_marks_the_repetitions_a_checkpoint_ran_in(capsys):
+    results = Results()
+    for one, two, during in ((1300.0, 1450.0, 0.0), (1320.0, 1200.0, 1.0), (1250.0, 1400.0, 0.0)):
+        results.add("ours 3-action 1x4", {"rate": one, "checkpoints": 0.0})
+        results.add("ours 3-action 2x4", {"rate": two, "checkpoints": during})
+    report(results, limit=7000.0)
+    out = capsys.readouterr().out
+    assert "(1x4 -> 2x4, /s: 1,300 -> 1,450, 1,320 -> 1,200*, 1,250 -> 1,400)" in out
+    assert "(*: the server counted a checkpoint during one of the two drains)" in out
+
+
+def test_a_reading_counts_checkpoints_not_per_unit():
+    before = Reading(10, 1000, 10, 1.0, 1.0, checkpoints=3)
+    after = Reading(30, 3000, 50, 2.0, 1.5, checkpoints=4)
+    figures = after.minus(before, 10)
+    assert figures["checkpoints"] == 1.0
+    assert figures["wal_bytes"] == 200.0
 
 
 def test_a_drains_cores_are_its_rate_times_its_cpu_per_unit():
