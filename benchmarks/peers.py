@@ -138,7 +138,7 @@ class Reading:
         }
 
 
-# Checkpoints begun since the statistics were reset (PostgreSQL 17 moved them).
+# Checkpoints the server counted since its statistics were reset (17 moved them).
 CHECKPOINTS = {
     False: "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter",
     True: "SELECT num_timed + num_requested FROM pg_stat_checkpointer",
@@ -158,9 +158,8 @@ class Meter:
             wal_bytes, wal_records = conn.execute(
                 "SELECT wal_bytes::bigint, wal_records FROM pg_stat_wal"
             ).fetchone()
-            checkpoints = conn.execute(CHECKPOINTS[conn.info.server_version >= 170000]).fetchone()[
-                0
-            ]
+            checkpoints_sql = CHECKPOINTS[conn.info.server_version >= 170000]
+            checkpoints = conn.execute(checkpoints_sql).fetchone()[0]
         return Reading(
             int(commits),
             int(wal_bytes),

@@ -8,6 +8,7 @@ fresh server"). ``ready_wal`` puts the benchmark's server in the running state.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -46,9 +47,9 @@ def test_ready_wal_switches_through_new_segments_and_leaves_recycled_ones_ahead(
 @pytest.mark.django_db(transaction=True)
 def test_a_role_that_may_not_switch_wal_leaves_the_server_as_it_is(settings: Any) -> None:
     name = settings.DATABASES["default"]["NAME"]
-    role = "vw_peers_not_super"
+    # roles belong to the whole server, not to the test database: a name of its own
+    role = f"vw_peers_not_super_{uuid.uuid4().hex[:8]}"
     with connect(name, autocommit=True) as conn:
-        conn.execute(f"DROP ROLE IF EXISTS {role}")
         conn.execute(f"CREATE ROLE {role} NOSUPERUSER")
         try:
             # the session runs as that role from its start (no login of its own needed)
