@@ -8,6 +8,7 @@ EXPECTED = {
     "functions": [
         "pgtrigger_workflow_commands_notify_fa6db",
         "workflow_commands_timer_kind_check",
+        "workflow_persisted_once",
         "workflow_timer_held_back",
     ],
     "domains": {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
 
 import vertique_workflow as wf
@@ -121,13 +121,17 @@ def test_a_segment_whose_entries_name_only_its_command_persists_without_joining_
     """The common segment's persist takes the statement without the attribution join
     (``segment.OWN_PERSIST``); its entries carry the same actor the join gives."""
     sent = []
-    original = db.fetchone_prepared
 
-    def recording(sql, params=None):
-        sent.append(sql)
-        return original(sql, params)
+    def recording(original):
+        def record(sql, params=None):
+            sent.append(sql)
+            return original(sql, params)
 
-    monkeypatch.setattr(db, "fetchone_prepared", recording)
+        return record
+
+    # the persist runs as either, by whether it carries its transaction's COMMIT
+    for name in ("fetchone_prepared", "fetchone_prepared_then_commit"):
+        monkeypatch.setattr(db, name, recording(getattr(db, name)))
     ref = wf.start("order", {"amount": 5}, idempotency_key="k1", actor=wf.Actor.user("ann"))
     run_until_idle()
     assert segment_store.OWN_PERSIST in sent
@@ -250,7 +254,8 @@ def test_a_retry_that_only_re_offers_does_not_consume_the_baseline():
 
 def test_a_segment_that_read_the_mark_stale_cannot_log_a_second_baseline():
     """The consumption is guarded by ``baseline_logged = FALSE`` in the persisting update:
-    a segment that believes the baseline owed, once another consumed it, writes nothing."""
+    a segment that believes the baseline owed, once another consumed it, writes nothing
+    and fails with 40001 (retried as transient)."""
     from vertique_workflow.store import instances
     from vertique_workflow.store import segment as segment_store
 
@@ -265,8 +270,8 @@ def test_a_segment_that_read_the_mark_stale_cannot_log_a_second_baseline():
             [ref.id],
         )
     count = WorkflowHistory.objects.filter(workflow_id=ref.id).count()
-    with transaction.atomic():
-        written = segment_store.persist(
+    with pytest.raises(DatabaseError) as raised, transaction.atomic():
+        segment_store.persist(
             instance=stale,
             command_id=0,
             token=None,
@@ -283,7 +288,8 @@ def test_a_segment_that_read_the_mark_stale_cannot_log_a_second_baseline():
             new_version=stale.version + 1,
             legacy_baseline=True,
         )
-    assert written is False
+    assert db.sqlstate(raised.value) == "40001" and db.is_retryable(raised.value)
+    assert segment_store.PERSIST_CONFLICT in str(raised.value)
     assert WorkflowHistory.objects.filter(workflow_id=ref.id).count() == count
     assert WorkflowInstance.objects.get(pk=ref.id).version == stale.version
 

@@ -23,27 +23,32 @@ from vertique_workflow.testing import run_until_idle
 from .conftest import connect
 from .test_stale_statistics import claim
 from .test_tasks_record import wait_for_lock_waiters
-from .wire import client_waits
+from .wire import client_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 T = sql_names()
 
 
-def test_a_segment_waits_on_the_server_three_times_after_its_claim():
-    """claim; BEGIN + lock + fence and instance (one pipeline); persist; COMMIT.
+def test_a_segment_waits_on_the_server_twice_after_its_claim():
+    """claim; BEGIN + lock + fence and instance (one pipeline); persist + COMMIT (one pipeline).
 
     A regression guard. The lock and the fence go in one pipeline with the
     transaction's BEGIN (``segment.begin_fence_and_load``), sent on psycopg's
     libpq layer: psycopg's own pipeline was measured and dropped (0.36 vs 0.29
-    ms of Python a segment for the 0.06 ms round trip it saved).
+    ms of Python a segment for the 0.06 ms round trip it saved). The persist,
+    the segment's last statement, carries the transaction's COMMIT.
     """
     wf.start("order", {"amount": 0}, idempotency_key="warm")
     run_until_idle()  # the statements are prepared on this connection from here on
     ref = wf.start("order", {"amount": 0}, idempotency_key="traced")
-    waits = client_waits(lambda: run_next("n1"))
+    messages = client_messages(lambda: run_next("n1"))
     assert wf.get(ref.id).status == "COMPLETED"
-    assert waits == ["Sync", "Sync", "Sync", 'Query "COMMIT"'], waits
+    waits = [kind for kind, _ in messages if kind in ("Sync", "Query")]
+    assert waits == ["Sync", "Sync", "Sync"], messages
+    last_pipeline = messages[[i for i, (kind, _) in enumerate(messages) if kind == "Sync"][-2] :]
+    parsed = [text.strip() for kind, text in last_pipeline if kind == "Parse"]
+    assert parsed[-1:] == ['"" "COMMIT" 0'], messages
 
 
 def test_a_busy_execution_lock_fails_the_segment_retryably_and_leaves_the_session_usable():

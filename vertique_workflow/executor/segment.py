@@ -667,6 +667,7 @@ def _settle_segment(
         return _settle_refused(claim, loaded, result.refusal, event, common)
     entries = _entries(event, row, result)
     entries.extend(effects.persist(row.id, command.id, result.effects, context.capture(), row))
+    notifies_parent = result.ended and bool(row.metadata and row.metadata.get("parent"))
     transition.persist(
         row,
         command.id,
@@ -676,8 +677,11 @@ def _settle_segment(
         common=common,
         subject=command.target if command.kind == "START" else None,
         kind=command.kind,
+        # the persist is the segment's last statement unless a parent is told or
+        # parked commands settle: then its transaction commits in the same wait
+        commit=not notifies_parent and not loaded.has_parked_or_dead,
     )
-    if result.ended and row.metadata and row.metadata.get("parent"):
+    if notifies_parent:
         from ..operations import notify_parent
 
         notify_parent(row, result.status, result.state, result.error_type)

@@ -69,11 +69,14 @@ def persist(
     common: dict[str, Any],
     subject: Any = None,
     kind: str | None = None,
+    commit: bool = False,
 ) -> None:
     """The instance, the entries and the command's completion in one statement.
 
     ``kind``: the command's kind when known (a SIGNAL's settlement also lowers
     the open-signal count; any other kind runs the shorter statement).
+    ``commit``: the segment writes nothing after this statement, so its
+    transaction may commit in the same round trip (``store/segment.persist``).
 
     ``common`` may hold ``fallback_actor``: the actor of entries that name no
     command with one (the segment command's). The instance's new version is
@@ -101,6 +104,7 @@ def persist(
         legacy_baseline=not row.baseline_logged
         and any(e.event_type == "STATE_BASELINE" for e in entries),
         signal=kind is None or kind == "SIGNAL",
+        commit=commit,
     ):
         raise OptimisticConflict()
 

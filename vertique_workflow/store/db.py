@@ -314,6 +314,62 @@ def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
         return cur.fetchone()
 
 
+_IN_TRANSACTION = psycopg.pq.TransactionStatus.INTRANS
+
+
+def owns_transaction() -> bool:
+    """Whether the open transaction is one outermost ``atomic`` block's, which commits on exit.
+
+    Only then may a statement carry the transaction's ``COMMIT``
+    (:func:`fetchone_prepared_then_commit`): no enclosing block or savepoint
+    (an outer block, a test's, must still be able to roll it back), no
+    rollback asked for, no psycopg transaction context, and the connection
+    in an open, healthy transaction on psycopg's libpq layer.
+    """
+    wrapper = connection()
+    raw = wrapper.connection
+    if raw is None or raw.closed:
+        return False
+    if not (
+        wrapper.in_atomic_block
+        and wrapper.commit_on_exit
+        and len(wrapper.atomic_blocks) == 1
+        and not wrapper.savepoint_ids
+        and not wrapper.needs_rollback
+        and not wrapper.closed_in_transaction
+    ):
+        return False
+    if getattr(raw, "_num_transactions", 1) or raw.pgconn.transaction_status != _IN_TRANSACTION:
+        return False
+    cursor = getattr(raw, "_vertique_cursor", None)
+    return cursor is not None and _direct(cursor) is not None
+
+
+def fetchone_prepared_then_commit(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
+    """``fetchone`` of a hot static statement and the transaction's ``COMMIT``, one wait.
+
+    For the last statement of a transaction :func:`owns_transaction` allows:
+    the two go in one pipeline with one Sync, so the commit costs no wait of
+    its own. A failed statement raises its error with ``COMMIT`` not run (the
+    transaction is left failed for the block to roll back); a ``COMMIT`` that
+    fails (a deferred constraint) raises its own, the transaction already
+    ended. Django's block then finds the connection idle: its commit (or
+    rollback) sends nothing, and its ``on_commit`` callbacks run as usual.
+    """
+    wrapper, cur = _ready_cursor()
+    direct = _direct(cur)
+    if direct is None:
+        raise RuntimeError("fetchone_prepared_then_commit needs psycopg's libpq layer")
+    with wrapper.wrap_database_errors:
+        pgresults = direct.pipeline([(sql, params)], commit=True)
+        error = direct.first_error(pgresults)
+        if error is not None:
+            raise error
+        if pgresults[-1].command_status != b"COMMIT":  # a transaction that had failed before
+            raise psycopg.errors.InFailedSqlTransaction("the transaction rolled back at COMMIT")
+        return direct.first_row(pgresults[0])
+
+
 def fetchall_prepared(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
     """``fetchall`` of a hot static statement, prepared once per connection."""
     wrapper, cur = _ready_cursor()

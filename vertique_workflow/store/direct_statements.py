@@ -144,7 +144,7 @@ class Statements:
                 self.names[key] = name
             return self._check(pgconn.exec_prepared(name, values, param_formats=formats))
 
-    def pipeline(self, statements: Sequence[tuple[str, Any]]) -> list[Any]:
+    def pipeline(self, statements: Sequence[tuple[str, Any]], *, commit: bool = False) -> list[Any]:
         """The results of ``statements`` sent as one pipeline with one Sync: one wait.
 
         Outside a transaction the statements up to the Sync are one
@@ -153,6 +153,12 @@ class Statements:
         after a failed one does not run (its result is PIPELINE_ABORTED).
         Errors are returned, not raised (:func:`first_error`), so the caller
         can tell which statement failed.
+
+        ``commit``: ``COMMIT`` follows the statements, before the Sync, and
+        its result is the last one. After a failed statement it does not run
+        either, so the transaction is left failed for its owner to roll
+        back; a ``COMMIT`` that fails (a deferred constraint) has ended the
+        transaction, and :func:`first_error` gives its error.
         """
         bound = [self._bind(sql, params) for sql, params in statements]
         self._forget_if_deallocated()
@@ -172,6 +178,8 @@ class Statements:
                         preparing.append((key, name))
                         self.names[key] = name  # undone below unless its PREPARE succeeds
                     pgconn.send_query_prepared(name, values, param_formats=formats)
+                if commit:
+                    pgconn.send_query_params(b"COMMIT", None)
                 pgconn.pipeline_sync()
                 results = self._read_until_sync()
             except BaseException:
@@ -192,6 +200,8 @@ class Statements:
                 pending.discard(key)
                 if next(prepared_ok).status != _COMMAND_OK:
                     self.names.pop(key, None)
+            out.append(next(prepared_ok))
+        if commit:
             out.append(next(prepared_ok))
         return out  # a 26000 among them forgets our names when first_error raises it
 

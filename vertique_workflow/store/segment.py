@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tables
 from ..engine.decision_log import HistoryEntry
 from . import db
 from .commands import FencedCommand, actor_from_row, execution_lock_sql
@@ -92,12 +93,43 @@ WITH inst AS (
 )"""
 
 
+# The persist fails itself unless it wrote the instance and the command's
+# completion: a PL/pgSQL function (migration 0017 creates it) raises SQLSTATE
+# 40001 (retried as transient) for any count but one. So a COMMIT sent in the
+# same pipeline (``persist(commit=True)``) never runs after a persist that wrote
+# nothing: the transaction's earlier writes (timers, tasks, a child's start)
+# roll back with it. IMMUTABLE: it reads nothing, only its argument.
+PERSISTED_ONCE_FUNCTION = "workflow_persisted_once"
+PERSIST_CONFLICT = "the instance or the command changed under the execution lock"
+
+
+def persisted_once_function_sql(schema: str | None = tables.SCHEMA) -> str:
+    """``CREATE OR REPLACE FUNCTION`` of the persist's own check, in ``schema``."""
+    return f"""
+CREATE OR REPLACE FUNCTION {tables.qualified_object(PERSISTED_ONCE_FUNCTION, schema)}(
+    written bigint
+) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF written = 1 THEN
+        RETURN written;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = '{PERSIST_CONFLICT}';
+END
+$$"""
+
+
+def drop_persisted_once_function_sql(schema: str | None = tables.SCHEMA) -> str:
+    """The reverse of :func:`persisted_once_function_sql`."""
+    return f"DROP FUNCTION {tables.qualified_object(PERSISTED_ONCE_FUNCTION, schema)}(bigint)"
+
+
 # The completion is written only after the instance's update (``EXISTS (SELECT 1
 # FROM inst)``), so one count answers both; the history insert runs to completion
 # unread (PostgreSQL runs every data-modifying CTE once, whether the query reads it
 # or not), and no other result is set up on each execution.
-_PERSIST_RESULT = """
-SELECT count(*) FROM done
+_PERSIST_RESULT = f"""
+SELECT {tables.qualified_object(PERSISTED_ONCE_FUNCTION)}(count(*)) FROM done
 """
 # A settled SIGNAL leaves the open states: its queue row's open_signals is lowered
 # in the same statement. Any other kind runs the statement without that update:
@@ -240,8 +272,13 @@ def persist(
     new_version: int,
     legacy_baseline: bool,
     signal: bool = True,
+    commit: bool = False,
 ) -> bool:
-    """Write the transition; False when the instance or the command changed (a bug).
+    """Write the transition; True when written.
+
+    When the instance or the command changed (a bug: the fence holds the
+    command and the execution lock the instance) the statement fails itself
+    with SQLSTATE 40001 (:data:`PERSIST_CONFLICT`), retried as transient.
 
     ``common`` holds the history columns every entry carries
     (:data:`~vertique_workflow.store.history.SHARED_COLUMNS`, sent once); an
@@ -255,6 +292,12 @@ def persist(
     segments can never both log it. ``signal``: the command may be a SIGNAL,
     whose settlement lowers its instance's open-signal count (False only when
     its kind is known to be another).
+
+    ``commit``: nothing follows the persist in its transaction, so the
+    transaction's ``COMMIT`` goes in the persist's own pipeline, one wait
+    less a segment, where :func:`db.owns_transaction` allows it (one
+    outermost ``atomic`` block; inside another block, a test's or the
+    caller's, the block commits as usual).
     """
     unknown = common.keys() - SHARED_COLUMNS
     if unknown:
@@ -265,7 +308,12 @@ def persist(
         statement = OWN_PERSIST_SIGNAL if signal else OWN_PERSIST
     else:
         statement = PERSIST_SIGNAL if signal else PERSIST
-    result = db.fetchone_prepared(
+    run = (
+        db.fetchone_prepared_then_commit
+        if commit and db.owns_transaction()
+        else db.fetchone_prepared
+    )
+    result = run(
         statement,
         {
             **{f"shared_{column}": common.get(column) for column in SHARED_COLUMNS},
