@@ -5,7 +5,8 @@ statement, (2) the fence on the claim token together with the instance row,
 (3) every write of the transition — the instance (optimistic version), the
 history entries and the command's completion with the open-signal counter —
 in one statement of data-modifying CTEs, in the lock order instances →
-command queues. Each piece keeps the rule of its table family (see
+command queues, sent with the transaction's ``COMMIT`` when nothing follows
+it (``persist(commit=True)``). Each piece keeps the rule of its table family (see
 ``commands.py``, ``instances.py``, ``history.py``); this module only joins
 them into fewer statements.
 """
