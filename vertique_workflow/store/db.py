@@ -307,11 +307,16 @@ def fetchone_prepared(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     """``fetchone`` of a hot static statement, prepared once per connection."""
     wrapper, cur = _ready_cursor()
     with wrapper.wrap_database_errors:
-        direct = _direct(cur)
-        if direct is not None:
-            return direct.fetchone(sql, params)
-        _execute(cur, sql, params, prepare=cur.prepare)
-        return cur.fetchone()
+        return _fetchone_on(cur, sql, params)
+
+
+def _fetchone_on(cur: _PreparingCursor, sql: str, params: Any) -> tuple[Any, ...] | None:
+    """``fetchone`` on the libpq layer where it may run, else on the reused cursor."""
+    direct = _direct(cur)
+    if direct is not None:
+        return direct.fetchone(sql, params)
+    _execute(cur, sql, params, prepare=cur.prepare)
+    return cur.fetchone()
 
 
 _IN_TRANSACTION = psycopg.pq.TransactionStatus.INTRANS
@@ -330,6 +335,12 @@ def owns_transaction() -> bool:
     raw = wrapper.connection
     if raw is None or raw.closed:
         return False
+    cursor = getattr(raw, "_vertique_cursor", None)
+    return cursor is not None and _committing(wrapper, cursor) is not None
+
+
+def _committing(wrapper: Any, cursor: _PreparingCursor) -> direct_statements.Statements | None:
+    """The libpq-layer statements that may carry the ``COMMIT`` (see :func:`owns_transaction`)."""
     if not (
         wrapper.in_atomic_block
         and wrapper.commit_on_exit
@@ -338,29 +349,31 @@ def owns_transaction() -> bool:
         and not wrapper.needs_rollback
         and not wrapper.closed_in_transaction
     ):
-        return False
+        return None
+    raw = cursor.connection
     if getattr(raw, "_num_transactions", 1) or raw.pgconn.transaction_status != _IN_TRANSACTION:
-        return False
-    cursor = getattr(raw, "_vertique_cursor", None)
-    return cursor is not None and _direct(cursor) is not None
+        return None
+    return _direct(cursor)
 
 
 def fetchone_prepared_then_commit(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
     """``fetchone`` of a hot static statement and the transaction's ``COMMIT``, one wait.
 
-    For the last statement of a transaction :func:`owns_transaction` allows:
-    the two go in one pipeline with one Sync, so the commit costs no wait of
-    its own. A failed statement raises its error with ``COMMIT`` not run (the
-    transaction is left failed for the block to roll back); a ``COMMIT`` that
-    fails (a deferred constraint) raises its own, the transaction already
-    ended. Django's block then finds the connection idle: its commit (or
-    rollback) sends nothing, and its ``on_commit`` callbacks run as usual.
+    For the last statement of a transaction: where :func:`owns_transaction`
+    holds, the two go in one pipeline with one Sync, so the commit costs no
+    wait of its own; anywhere else the statement runs as
+    :func:`fetchone_prepared` runs it and the block commits as usual. A failed
+    statement raises its error with ``COMMIT`` not run (the transaction is
+    left failed for the block to roll back); a ``COMMIT`` that fails (a
+    deferred constraint) raises its own, the transaction already ended.
+    Django's block then finds the connection idle: its commit (or rollback)
+    sends nothing, and its ``on_commit`` callbacks run as usual.
     """
     wrapper, cur = _ready_cursor()
-    direct = _direct(cur)
-    if direct is None:
-        raise RuntimeError("fetchone_prepared_then_commit needs psycopg's libpq layer")
     with wrapper.wrap_database_errors:
+        direct = _committing(wrapper, cur)
+        if direct is None:
+            return _fetchone_on(cur, sql, params)
         pgresults = direct.pipeline([(sql, params)], commit=True)
         error = direct.first_error(pgresults)
         if error is not None:

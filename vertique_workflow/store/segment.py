@@ -309,11 +309,7 @@ def persist(
         statement = OWN_PERSIST_SIGNAL if signal else OWN_PERSIST
     else:
         statement = PERSIST_SIGNAL if signal else PERSIST
-    run = (
-        db.fetchone_prepared_then_commit
-        if commit and db.owns_transaction()
-        else db.fetchone_prepared
-    )
+    run = db.fetchone_prepared_then_commit if commit else db.fetchone_prepared
     result = run(
         statement,
         {
