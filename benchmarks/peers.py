@@ -31,6 +31,10 @@ slow minute of the shared machine lands on both sides of a ratio), it measures:
   and commits per unit of the one-thread drains: a one-thread drain waits for
   each of its commits, and on some machines that wait grows with the WAL.
 
+Before every scenario every database is vacuumed and the server checkpoints
+(``--no-checkpoints`` leaves that to the server), so neither autovacuum of
+earlier rows nor the full-page writes that follow a checkpoint land in a drain.
+
 The medians over the repetitions are printed with each ratio ours / peer,
 then in how many repetitions a second executor process raised our 3-action
 rate (2x4 against the 1x4 drain next to it) and the cores each drain kept busy
@@ -564,6 +568,37 @@ def vacuum(urls: list[str]) -> None:
             conn.execute("VACUUM (ANALYZE)")
 
 
+def checkpoint(url: str) -> bool:
+    """Have the server checkpoint now, so none starts during the scenario that follows.
+
+    A timed checkpoint comes ``checkpoint_timeout`` after the last one began and a
+    requested one after ``max_wal_size`` of WAL since it, so a scenario that starts
+    right after one (and writes less than that) meets none. A checkpoint that
+    lands in a drain makes the first change of each page after it log the whole
+    page: that drain pays several times the WAL (docs/performance.md, "What a
+    3-action instance writes to the WAL") and its pair does not. Called before a
+    scenario records its work, so the full pages of the tables that recording
+    touches are billed to the recording, not to the drain. False when the role
+    may not (a superuser or ``pg_checkpoint``): the server then checkpoints when
+    it would.
+    """
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
+
+
+def checkpoint_line(enabled: bool, allowed: bool) -> str:
+    """The report's line on the checkpoints the run asked for before its scenarios."""
+    if not enabled:
+        return "checkpoints: when the server runs them (--no-checkpoints)"
+    if not allowed:
+        return "checkpoints: when the server runs them (the role may not checkpoint)"
+    return "checkpoints: one before every scenario (none starts during a drain)"
+
+
 def wait_all(procs: list[Any]) -> None:
     for proc in procs:
         if proc.wait() != 0:
@@ -907,6 +942,11 @@ def main() -> None:
         default=WAL_SEGMENTS,
         help="WAL segments created and recycled before the figures (0: the server as it is)",
     )
+    parser.add_argument(
+        "--no-checkpoints",
+        action="store_true",
+        help="no CHECKPOINT before every scenario: the server checkpoints when it would",
+    )
     parser.add_argument("--skip", default="", help="comma list: procrastinate,dbos,ours-wide")
     parser.add_argument(
         "--only",
@@ -976,14 +1016,18 @@ def main() -> None:
         ]
         urls = [system.url for system in (ours, proc, dbos) if system is not None]
         print(wal_line(ready_wal(admin_url(), args.wal_segments) if args.wal_segments else None))
+        checkpoints = not args.no_checkpoints and checkpoint(admin_url())
+        print(checkpoint_line(not args.no_checkpoints, checkpoints))
         with psycopg.connect(admin_url(), autocommit=True) as conn:
             wal_before = wal_written(conn)
         for repetition in range(args.repetitions):
             print(f"-- repetition {repetition + 1} of {args.repetitions}", flush=True)
             for name in run_order(groups, repetition):
                 # earlier scenarios' dead rows vacuumed now, so autovacuum does not bill
-                # them to this one
+                # them to this one; then a checkpoint, so none lands in its drain
                 vacuum(urls)
+                if checkpoints:
+                    checkpoint(admin_url())
                 value = available[name]()
                 results.add(name, value)
                 shown = (

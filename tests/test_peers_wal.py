@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from benchmarks.peers import WalReady, ready_wal, wal_ahead, wal_line, wal_written
+from benchmarks.peers import (
+    CHECKPOINTS,
+    WalReady,
+    checkpoint,
+    checkpoint_line,
+    ready_wal,
+    wal_ahead,
+    wal_line,
+    wal_written,
+)
 from tests.conftest import connect, database_url
 
 
@@ -68,3 +77,45 @@ def test_the_wal_line_names_what_was_prepared_or_that_nothing_was():
         "63 ready ahead of the insert position after a checkpoint"
     )
     assert "the server as it is" in wal_line(None)
+
+
+def _checkpoints(conn: Any) -> int:
+    sql = CHECKPOINTS[conn.info.server_version >= 170000]
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return int(conn.execute(sql).fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_checkpoint_has_the_server_checkpoint_now(settings: Any) -> None:
+    name = settings.DATABASES["default"]["NAME"]
+    with connect(name, autocommit=True) as conn:
+        before = _checkpoints(conn)
+        redo = conn.execute("SELECT redo_lsn FROM pg_control_checkpoint()").fetchone()[0]
+        conn.execute("SELECT pg_logical_emit_message(false, 'vertique-peers', 'x')")
+        assert checkpoint(database_url(name)) is True
+        assert _checkpoints(conn) == before + 1
+        # a new checkpoint began after the WAL written above
+        assert conn.execute("SELECT redo_lsn FROM pg_control_checkpoint()").fetchone()[0] > redo
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_role_that_may_not_checkpoint_leaves_it_to_the_server(settings: Any) -> None:
+    name = settings.DATABASES["default"]["NAME"]
+    role = f"vw_peers_no_checkpoint_{uuid.uuid4().hex[:8]}"
+    with connect(name, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} NOSUPERUSER")
+        try:
+            before = _checkpoints(conn)
+            url = f"{database_url(name)}?options=-c%20role%3D{role}"
+            assert checkpoint(url) is False
+            assert _checkpoints(conn) == before
+        finally:
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_the_checkpoint_line_says_whether_the_run_checkpoints_before_each_scenario():
+    assert checkpoint_line(True, True) == (
+        "checkpoints: one before every scenario (none starts during a drain)"
+    )
+    assert "--no-checkpoints" in checkpoint_line(False, False)
+    assert "may not checkpoint" in checkpoint_line(True, False)
