@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from . import context, failures, payloads
+from . import context, failures, ids, payloads
 from .conf import workflow_settings
 from .engine.decision_log import HistoryEntry, replay
 from .exceptions import WorkflowConflict, WorkflowError, WorkflowNotFound, WorkflowValidationError
@@ -296,8 +296,8 @@ def _start_on_remembered_selection(request: _StartRequest, mode: str) -> Instanc
 
 
 def _start_record(pin: Pin, request: _StartRequest) -> tuple[uuid.UUID, dict[str, Any]]:
-    """A new instance id and the record statement's parameters for ``pin``."""
-    instance_id = uuid.uuid4()
+    """A new instance id (time-ordered, :mod:`.ids`) and the record statement's parameters."""
+    instance_id = ids.uuid7()
     # captured once: the instance's metadata and the START command hold the same document
     captured = context.capture()
     parent = request.parent

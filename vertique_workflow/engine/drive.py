@@ -12,13 +12,13 @@ engine never touches the database.
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..definitions import Plan, Step
 from ..exceptions import NonRetryable, WorkflowDefinitionError, WorkflowValidationError
+from ..ids import uuid7
 from ..payloads import json_size
 from .effects import (
     CreateBranches,
@@ -305,7 +305,7 @@ class Drive:
         self.effects.append(OpenJoin(join_key, fork_key, len(branches)))
         self.joins[join_key] = Progress(join_key, fork_key, len(branches))
         for branch_id, first_step, item in branches:
-            token = Token(uuid.uuid4(), fork_key, branch_id, "RUNNING", first_step, base, item)
+            token = Token(uuid7(), fork_key, branch_id, "RUNNING", first_step, base, item)
             key = str(token.id)
             self.tokens[key] = token
             self.created.add(key)

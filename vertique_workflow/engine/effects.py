@@ -10,9 +10,10 @@ inspected and replayed without a database.
 from __future__ import annotations
 
 import datetime
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..ids import uuid7
 
 __all__ = [
     "Arrive",
@@ -96,7 +97,7 @@ class OpenTask:
     due_seconds: float | None = None
     reminder_seconds: tuple[float, ...] = ()
     require_version_stability: bool = False
-    task_id: Any = field(default_factory=uuid.uuid4)
+    task_id: Any = field(default_factory=uuid7)
     branch_token_id: Any = None
     fork_step_id: str | None = None
     branch_id: str | None = None

@@ -38,6 +38,7 @@ from ..engine.effects import (
     UpdateBranches,
     WithdrawArrival,
 )
+from ..ids import uuid7
 from ..store import branches, commands, joins, tasks, timers
 from ..store.timers import TimerSpec
 
@@ -163,7 +164,7 @@ def _timers(
         elif isinstance(effect, ScheduleTimer):
             specs.append(
                 TimerSpec(
-                    uuid.uuid4(),
+                    uuid7(),
                     effect.step_id,
                     effect.purpose,
                     effect.delay_seconds,
@@ -321,7 +322,7 @@ def _spec(
     task_id: uuid.UUID, effect: OpenTask, purpose: str, seconds: float, metadata: Any
 ) -> TimerSpec:
     return TimerSpec(
-        uuid.uuid4(),
+        uuid7(),
         effect.step_id,
         purpose,
         seconds,
