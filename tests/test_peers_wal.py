@@ -8,7 +8,9 @@ fresh server"). ``ready_wal`` puts the benchmark's server in the running state.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -53,21 +55,26 @@ def test_ready_wal_switches_through_new_segments_and_leaves_recycled_ones_ahead(
         assert wal_ahead(conn) >= 1
 
 
+@contextlib.contextmanager
+def _not_superuser(conn: Any, name: str) -> Iterator[str]:
+    """The URL of ``name`` for a session that runs as a role of no privileges."""
+    # roles belong to the whole server, not to the test database: a name of its own
+    role = f"vw_peers_not_super_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE ROLE {role} NOSUPERUSER")
+    try:
+        # the session runs as that role from its start (no login of its own needed)
+        yield f"{database_url(name)}?options=-c%20role%3D{role}"
+    finally:
+        conn.execute(f"DROP ROLE {role}")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_role_that_may_not_switch_wal_leaves_the_server_as_it_is(settings: Any) -> None:
     name = settings.DATABASES["default"]["NAME"]
-    # roles belong to the whole server, not to the test database: a name of its own
-    role = f"vw_peers_not_super_{uuid.uuid4().hex[:8]}"
-    with connect(name, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} NOSUPERUSER")
-        try:
-            # the session runs as that role from its start (no login of its own needed)
-            url = f"{database_url(name)}?options=-c%20role%3D{role}"
-            before = _segment(conn)
-            assert ready_wal(url, 3) is None
-            assert _segment(conn) == before  # refused at the first switch: nothing written
-        finally:
-            conn.execute(f"DROP ROLE {role}")
+    with connect(name, autocommit=True) as conn, _not_superuser(conn, name) as url:
+        before = _segment(conn)
+        assert ready_wal(url, 3) is None
+        assert _segment(conn) == before  # refused at the first switch: nothing written
 
 
 def test_the_wal_line_names_what_was_prepared_or_that_nothing_was():
@@ -101,16 +108,10 @@ def test_checkpoint_has_the_server_checkpoint_now(settings: Any) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_role_that_may_not_checkpoint_leaves_it_to_the_server(settings: Any) -> None:
     name = settings.DATABASES["default"]["NAME"]
-    role = f"vw_peers_no_checkpoint_{uuid.uuid4().hex[:8]}"
-    with connect(name, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} NOSUPERUSER")
-        try:
-            before = _checkpoints(conn)
-            url = f"{database_url(name)}?options=-c%20role%3D{role}"
-            assert checkpoint(url) is False
-            assert _checkpoints(conn) == before
-        finally:
-            conn.execute(f"DROP ROLE {role}")
+    with connect(name, autocommit=True) as conn, _not_superuser(conn, name) as url:
+        before = _checkpoints(conn)
+        assert checkpoint(url) is False
+        assert _checkpoints(conn) == before
 
 
 def test_the_checkpoint_line_says_whether_the_run_checkpoints_before_each_scenario():
