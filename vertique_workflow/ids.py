@@ -1,4 +1,4 @@
-"""Time-ordered instance ids: UUID version 7 (RFC 9562).
+"""Time-ordered row ids (instances, timers, tasks, branch tokens): UUID version 7 (RFC 9562).
 
 An instance's id keys the instances' primary key and the ``workflow_id``
 indexes of every table that holds its rows (history, commands, dedup,
