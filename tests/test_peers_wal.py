@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from benchmarks.peers import (
-    CHECKPOINTS,
     WalReady,
     checkpoint,
     checkpoint_line,
@@ -86,32 +85,30 @@ def test_the_wal_line_names_what_was_prepared_or_that_nothing_was():
     assert "the server as it is" in wal_line(None)
 
 
-def _checkpoints(conn: Any) -> int:
-    sql = CHECKPOINTS[conn.info.server_version >= 170000]
-    conn.execute("SELECT pg_stat_clear_snapshot()")
-    return int(conn.execute(sql).fetchone()[0])
-
-
 @pytest.mark.django_db(transaction=True)
 def test_checkpoint_has_the_server_checkpoint_now(settings: Any) -> None:
     name = settings.DATABASES["default"]["NAME"]
     with connect(name, autocommit=True) as conn:
-        before = _checkpoints(conn)
-        redo = conn.execute("SELECT redo_lsn FROM pg_control_checkpoint()").fetchone()[0]
-        conn.execute("SELECT pg_logical_emit_message(false, 'vertique-peers', 'x')")
+        written = conn.execute(
+            "SELECT pg_logical_emit_message(false, 'vertique-peers', 'x')"
+        ).fetchone()[0]
         assert checkpoint(database_url(name)) is True
-        assert _checkpoints(conn) == before + 1
-        # a new checkpoint began after the WAL written above
-        assert conn.execute("SELECT redo_lsn FROM pg_control_checkpoint()").fetchone()[0] > redo
+        # CHECKPOINT returns when its checkpoint is done and in the control file: its
+        # redo point is at the end of the WAL written just before or after it (the count of
+        # pg_stat_bgwriter is reported by the checkpointer after it wakes the caller,
+        # so it is not read here)
+        past = conn.execute(
+            "SELECT redo_lsn >= %s::pg_lsn FROM pg_control_checkpoint()", (str(written),)
+        ).fetchone()[0]
+        assert past is True
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_role_that_may_not_checkpoint_leaves_it_to_the_server(settings: Any) -> None:
     name = settings.DATABASES["default"]["NAME"]
     with connect(name, autocommit=True) as conn, _not_superuser(conn, name) as url:
-        before = _checkpoints(conn)
+        # False: the server refused the CHECKPOINT itself (InsufficientPrivilege)
         assert checkpoint(url) is False
-        assert _checkpoints(conn) == before
 
 
 def test_the_checkpoint_line_says_whether_the_run_checkpoints_before_each_scenario():
