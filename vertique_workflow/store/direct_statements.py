@@ -21,8 +21,9 @@ from the statement's result, so callers see what the cursor would raise.
 
 Several statements sent together (``start()``'s admission lock and record,
 ``signal()``'s lock and write) go as one libpq pipeline with one Sync
-(:meth:`Statements.pipeline`): one wait, read back while the thread waits in
-``poll`` without the interpreter lock. psycopg's own pipeline context cost
+(:meth:`Statements.pipeline`): one wait, sent without the interpreter lock
+(``pipeline_sync.py``) and read back while the thread waits in ``poll``
+without it. psycopg's own pipeline context cost
 a start more Python than the round trips it saved.
 
 psycopg deallocates every prepared statement of the session (``DEALLOCATE
@@ -49,6 +50,8 @@ from typing import Any
 import psycopg
 from psycopg import errors, pq
 from psycopg.adapt import PyFormat, Transformer
+
+from . import pipeline_sync
 
 _IDLE = pq.TransactionStatus.IDLE
 _PIPELINE_OFF = pq.PipelineStatus.OFF
@@ -180,7 +183,7 @@ class Statements:
                     pgconn.send_query_prepared(name, values, param_formats=formats)
                 if commit:
                     pgconn.send_query_params(b"COMMIT", None)
-                pgconn.pipeline_sync()
+                pipeline_sync.sync(pgconn)  # the send, without the interpreter lock
                 results = self._read_until_sync()
             except BaseException:
                 with contextlib.suppress(psycopg.Error):  # a broken connection: keep its error
