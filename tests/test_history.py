@@ -123,9 +123,9 @@ def test_a_segment_whose_entries_name_only_its_command_persists_without_joining_
     sent = []
 
     def recording(original):
-        def record(sql, params=None):
+        def record(sql, *args):
             sent.append(sql)
-            return original(sql, params)
+            return original(sql, *args)
 
         return record
 

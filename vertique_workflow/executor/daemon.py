@@ -2,15 +2,18 @@
 
 ``manage.py workflow_executor`` builds an :class:`Executor` and calls
 :meth:`Executor.run`. Each worker thread has its own Django connection and
-loops peek → claim → segment. Workers claim different instances in parallel;
-the head-of-queue rule keeps each instance's commands in sequence. When
-nothing is claimable a worker sleeps until the earliest future availability
-(read from the database clock), capped by the poll interval, or until the
-listener wakes it. Each notification wakes one waiting worker: a digits-only
-payload (the command's available time in epoch ms) is compared with the
-database clock in that worker's delay read, and the worker peeks only once it
-is due, otherwise it re-schedules its wait from the delay read; any other
-payload makes it peek at once. See docs/executor.md, "Wake-up".
+loops peek → claim → segment; a segment that commits with its last write also
+claims the worker's next command behind that commit, in the same round trip,
+and the worker runs it next (released when the worker stops first). Workers
+claim different instances in parallel; the head-of-queue rule keeps each
+instance's commands in sequence. When nothing is claimable a worker sleeps
+until the earliest future availability (read from the database clock), capped
+by the poll interval, or until the listener wakes it. Each notification wakes
+one waiting worker: a digits-only payload (the command's available time in
+epoch ms) is compared with the database clock in that worker's delay read, and
+the worker peeks only once it is due, otherwise it re-schedules its wait from
+the delay read; any other payload makes it peek at once. See docs/executor.md,
+"Wake-up".
 
 Shutdown: the first SIGTERM/SIGINT stops claiming, lets running segments
 finish within SHUTDOWN_GRACE_SECONDS, releases claims that did not start,
@@ -152,6 +155,8 @@ class Executor:
         self._waiting = [False] * options.concurrency
         self._asleep = [False] * options.concurrency  # inside wake.wait()
         self._pending: list[str | int | None] = [None] * options.concurrency
+        # the command each worker's last segment claimed behind its commit, run next
+        self._chained: list[commands.ClaimedCommand | None] = [None] * options.concurrency
         self._next_wake = 0
         self._general_path_at = 0.0  # monotonic: the next periodic turn of the general path
         self._observers: list[ExecutorObserver] = list(options.observers)
@@ -296,7 +301,33 @@ class Executor:
                 else:
                     peek, repeeked = True, False
         finally:
+            self._release_chained(index)
             connections[alias].close()
+
+    def _chain(self) -> bool:
+        """Whether a segment claims the next command behind its commit (see ``_work_once``).
+
+        Not under ``--max-commands`` (a claim past the budget would wait for
+        its lease) and not once the process is stopping.
+        """
+        return self.options.max_commands is None and not self.stopping.is_set()
+
+    def _release_chained(self, index: int) -> None:
+        """A worker that stops returns the claim its last segment made and it did not run."""
+        claimed, self._chained[index] = self._chained[index], None
+        if claimed is None:
+            return
+        try:
+            commands.release(claimed.id, claimed.token)
+        except DatabaseError as exc:  # its lease covers it
+            logger.warning(
+                "worker %s: releasing command %s failed (%s); its lease expires",
+                index,
+                claimed.id,
+                type(exc).__name__,
+            )
+            return
+        self._record(segment.Outcome("RELEASED", claimed.id, claimed.workflow_id, claimed.kind))
 
     def _claim_notified(self, index: int, hint: int) -> commands.AvailabilityDelays | None:
         """Claim and run what a notification woke the worker for; else the delays.
@@ -312,10 +343,11 @@ class Executor:
                 return found
             self._take_wake(index)  # it runs a segment now: not waiting any more
             outcome = segment.run_next_claimed(
-                found, self.options.node_id, should_stop=self.stopping.is_set
+                found, self.options.node_id, should_stop=self.stopping.is_set, chain=self._chain()
             )
         finally:
             self._busy[index] = False
+        self._chained[index] = outcome.chained
         self._record(outcome)
         return None
 
@@ -326,15 +358,27 @@ class Executor:
         nothing, and once every ``GENERAL_PATH_EVERY`` seconds (one worker of
         the process, joined by the others while it finds heads the claim
         leaves) before it, whatever the claim would find.
+
+        A segment that commits with its persist also claims the next command
+        behind that ``COMMIT``, in the same round trip (``segment.run_claimed``,
+        ``chain``); the worker runs that command next, before any turn of the
+        general path, so a busy queue costs two waits on the server a
+        command instead of three.
         """
-        if self._general_path_due() and self._general_path(index, sweep=True):
+        chained, self._chained[index] = self._chained[index], None
+        if chained is None and self._general_path_due() and self._general_path(index, sweep=True):
             return True
+        node_id, should_stop, chain = self.options.node_id, self.stopping.is_set, self._chain()
         self._busy[index] = True
         try:
-            outcome = segment.run_next(self.options.node_id, should_stop=self.stopping.is_set)
+            if chained is not None:
+                outcome = segment.run_next_claimed(chained, node_id, should_stop, chain=chain)
+            else:
+                outcome = segment.run_next(node_id, should_stop, chain=chain)
         finally:
             self._busy[index] = False
         if outcome is not None:
+            self._chained[index] = outcome.chained
             self._record(outcome)
             return True
         return self._general_path(index)

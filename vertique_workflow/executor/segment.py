@@ -21,7 +21,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -72,7 +72,12 @@ def default_node_id() -> str:
 @dataclass(frozen=True)
 class Outcome:
     """What happened to one command (``workflow_id``, ``kind``, ``step`` and
-    ``elapsed_ms`` are filled where known, for the executor's per-command log line)."""
+    ``elapsed_ms`` are filled where known, for the executor's per-command log line).
+
+    ``chained``: the command the segment claimed after its ``COMMIT``, in the
+    same round trip (``chain=True``); the worker holds its claim and runs it
+    next (or releases it).
+    """
 
     result: str  # COMPLETED PARKED SETTLED DEAD DEFERRED RETRIED FAILED RELEASED BUSY LOST REJECTED
     command_id: int
@@ -80,6 +85,7 @@ class Outcome:
     kind: str | None = None
     step: str | None = None
     elapsed_ms: float | None = None
+    chained: commands.ClaimedCommand | None = None
 
 
 @dataclass(frozen=True)
@@ -106,12 +112,18 @@ def resident_pins() -> list[tuple[str, str, int]]:
     return code + document_plans.resident_pins()
 
 
-def run_next(node_id: str, should_stop: Callable[[], bool] | None = None) -> Outcome | None:
-    """Claim and run the oldest runnable head in one claim statement; None: nothing claimed."""
+def run_next(
+    node_id: str, should_stop: Callable[[], bool] | None = None, *, chain: bool = False
+) -> Outcome | None:
+    """Claim and run the oldest runnable head in one claim statement; None: nothing claimed.
+
+    ``chain``: the segment's persist also claims the next command behind its
+    ``COMMIT`` (:attr:`Outcome.chained`; see :func:`run_claimed`).
+    """
     claimed = commands.claim_next(**_claim_arguments(node_id))
     if claimed is None:
         return None
-    return run_next_claimed(claimed, node_id, should_stop)
+    return run_next_claimed(claimed, node_id, should_stop, chain=chain)
 
 
 def claim_notified(
@@ -138,9 +150,17 @@ def _claim_arguments(node_id: str) -> dict[str, Any]:
 
 
 def run_next_claimed(
-    claimed: commands.ClaimedCommand, node_id: str, should_stop: Callable[[], bool] | None = None
+    claimed: commands.ClaimedCommand,
+    node_id: str,
+    should_stop: Callable[[], bool] | None = None,
+    *,
+    chain: bool = False,
 ) -> Outcome:
-    """Run a command claimed by the common path's claim statement, to settlement."""
+    """Run a command claimed by the common path's claim statement, to settlement.
+
+    The claim may be one a segment made behind its ``COMMIT``
+    (:attr:`Outcome.chained`); ``chain`` as in :func:`run_next`.
+    """
     claim = Claimed(claimed.id, claimed.workflow_id, claimed.token, claimed.attempts, claimed.kind)
     if should_stop is not None and should_stop():
         commands.release(claim.command_id, claim.token)
@@ -149,7 +169,7 @@ def run_next_claimed(
     plan = resident_plan(
         claimed.definition_id, claimed.definition_version, scope=claimed.definition_scope_key
     )
-    return run_claimed(claim, plan, node_id)
+    return run_claimed(claim, plan, node_id, chain=chain)
 
 
 def run_head(head: Head, node_id: str, should_stop: Callable[[], bool] | None = None) -> Outcome:
@@ -201,8 +221,16 @@ def _not_runnable(head: Head) -> str:
     )
 
 
-def run_claimed(claim: Claimed, plan: Plan | None, node_id: str) -> Outcome:
+def run_claimed(claim: Claimed, plan: Plan | None, node_id: str, *, chain: bool = False) -> Outcome:
     """Run the segment of a claimed command and settle whatever happens.
+
+    ``chain``: where the segment's persist carries its ``COMMIT`` (nothing
+    follows it in the transaction), it also sends the common path's claim
+    behind it, in the same round trip (``commands.claim_after_commit``): a
+    transaction of its own that runs only once the segment has committed.
+    What it claimed comes back as :attr:`Outcome.chained`, for the worker to
+    run next — one wait on the server less for each command of a busy
+    queue. A segment that fails, or commits otherwise, claims nothing so.
 
     The segment runs under its deadline (``executor/deadline.py``). Failures:
     a retryable database error or the deadline restores the attempt and backs
@@ -217,6 +245,22 @@ def run_claimed(claim: Claimed, plan: Plan | None, node_id: str) -> Outcome:
     The stored texts come from :mod:`vertique_workflow.failures`; what the
     code raised is logged here, with instance, command and step, only.
     """
+    after = commands.claim_after_commit(**_claim_arguments(node_id)) if chain else None
+    outcome = _run_segment(claim, plan, node_id, after)
+    if after is not None and after.error is not None and db.sqlstate(after.error) != "25P02":
+        logger.warning(
+            "the claim sent behind the commit of command %s failed (%s); the worker claims again",
+            claim.command_id,
+            type(after.error).__name__,
+        )
+    chained = commands.claimed_after_commit(after)
+    return outcome if chained is None else replace(outcome, chained=chained)
+
+
+def _run_segment(
+    claim: Claimed, plan: Plan | None, node_id: str, after: db.AfterCommit | None
+) -> Outcome:
+    """:func:`run_claimed` without the chained claim: the segment and its settlement."""
     started = time.monotonic()
     failed_branches: tuple[tuple[str, str, str], ...] = ()
     while True:
@@ -226,7 +270,7 @@ def run_claimed(claim: Claimed, plan: Plan | None, node_id: str) -> Outcome:
                 deadline.bounded(workflow_settings.SEGMENT_DEADLINE_MS) as bound,
                 transaction.atomic(using=db.alias()),
             ):
-                result, step = _segment(claim, plan, node_id, failed_branches)
+                result, step = _segment(claim, plan, node_id, failed_branches, after)
             return _outcome(claim, result, step, started)
         except NonRetryable as exc:
             failed = _branch_failure(claim, exc, exc.reason_code, failed_branches)
@@ -448,8 +492,12 @@ def _segment(
     plan: Plan | None,
     node_id: str,
     failed_branches: tuple[tuple[str, str, str], ...] = (),
+    after: db.AfterCommit | None = None,
 ) -> tuple[str, str | None]:
-    """The segment's statements and drive; returns (result, the step the instance is at)."""
+    """The segment's statements and drive; returns (result, the step the instance is at).
+
+    ``after``: the next claim, sent behind the persist's ``COMMIT`` when it carries one.
+    """
     loaded = segment_store.begin_fence_and_load(
         claim.workflow_id,
         claim.command_id,
@@ -497,7 +545,7 @@ def _segment(
             )
         else:
             result = drive(plan, snapshot, event, facts)
-        settled = _settle_segment(claim, loaded, result, event, node_id)
+        settled = _settle_segment(claim, loaded, result, event, node_id, after)
     return settled, result.current_step
 
 
@@ -660,6 +708,7 @@ def _settle_segment(
     result: DriveResult,
     event: Event,
     node_id: str,
+    after: db.AfterCommit | None = None,
 ) -> str:
     command, row = loaded.command, loaded.instance
     common = _common(loaded, node_id)
@@ -680,6 +729,7 @@ def _settle_segment(
         # the persist is the segment's last statement unless a parent is told or
         # parked commands settle: then its transaction commits in the same wait
         commit=not notifies_parent and not loaded.has_parked_or_dead,
+        then=after,
     )
     if notifies_parent:
         from ..operations import notify_parent

@@ -16,7 +16,7 @@ from ..conf import workflow_settings
 from ..engine import decision_log
 from ..engine.decision_log import HistoryEntry, ending_entries
 from ..engine.drive import DriveResult
-from ..store import commands, history
+from ..store import commands, db, history
 from ..store import segment as segment_store
 from ..store.instances import InstanceRow
 
@@ -70,13 +70,15 @@ def persist(
     subject: Any = None,
     kind: str | None = None,
     commit: bool = False,
+    then: db.AfterCommit | None = None,
 ) -> None:
     """The instance, the entries and the command's completion in one statement.
 
     ``kind``: the command's kind when known (a SIGNAL's settlement also lowers
     the open-signal count; any other kind runs the shorter statement).
     ``commit``: the segment writes nothing after this statement, so its
-    transaction may commit in the same round trip (``store/segment.persist``).
+    transaction may commit in the same round trip (``store/segment.persist``),
+    and ``then`` (the worker's next claim) go behind that ``COMMIT``.
 
     ``common`` may hold ``fallback_actor``: the actor of entries that name no
     command with one (the segment command's). The instance's new version is
@@ -105,6 +107,7 @@ def persist(
         and any(e.event_type == "STATE_BASELINE" for e in entries),
         signal=kind is None or kind == "SIGNAL",
         commit=commit,
+        then=then if commit else None,
     ):
         raise OptimisticConflict()
 

@@ -776,6 +776,37 @@ def claim_next_or_delays(
     return _delays(delays)
 
 
+def claim_after_commit(
+    *,
+    node_id: str,
+    lease_seconds: float,
+    max_attempts: int,
+    resident: Sequence[tuple[str, str, int]],
+    kinds: Sequence[str],
+) -> db.AfterCommit | None:
+    """:func:`claim_next`'s statement, to send behind a segment's ``COMMIT`` (None: no pins).
+
+    The segment's persist sends it in its own wait (``db.AfterCommit``): the
+    claim then runs once the segment has committed, as the implicit
+    transaction of its own a claim is, and the worker is spared one round
+    trip before its next segment. :func:`claimed_after_commit` reads what it
+    claimed.
+    """
+    if not resident:
+        return None
+    return db.AfterCommit(
+        claim_statement(CLAIM_NEXT, resident, kinds),
+        _claim_next_params(node_id, lease_seconds, max_attempts),
+    )
+
+
+def claimed_after_commit(after: db.AfterCommit | None) -> ClaimedCommand | None:
+    """The command a :func:`claim_after_commit` statement claimed; None: not sent, none, failed."""
+    if after is None or after.row is None:
+        return None
+    return _claimed(after.row)
+
+
 def _claim_next_params(node_id: str, lease_seconds: float, max_attempts: int) -> dict[str, Any]:
     return {"max_attempts": max_attempts, "lease": lease_seconds, "node": node_id}
 

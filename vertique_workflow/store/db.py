@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -356,7 +357,28 @@ def _committing(wrapper: Any, cursor: _PreparingCursor) -> direct_statements.Sta
     return _direct(cursor)
 
 
-def fetchone_prepared_then_commit(sql: str, params: Any = ()) -> tuple[Any, ...] | None:
+@dataclass
+class AfterCommit:
+    """A statement to run once the transaction has committed, in the ``COMMIT``'s own wait.
+
+    Given to :func:`fetchone_prepared_then_commit`, which fills it in: ``sent``
+    once it went with a ``COMMIT`` (it is sent at most once), ``row`` its
+    first row when it ran, ``error`` the error it failed with (it does not
+    run when the transaction failed). Not sent where the ``COMMIT`` cannot go
+    in the statement's pipeline: ``sent`` stays false and the caller runs it
+    itself, if it still wants to.
+    """
+
+    sql: str
+    params: Any
+    sent: bool = False
+    row: tuple[Any, ...] | None = None
+    error: Exception | None = None
+
+
+def fetchone_prepared_then_commit(
+    sql: str, params: Any = (), then: AfterCommit | None = None
+) -> tuple[Any, ...] | None:
     """``fetchone`` of a hot static statement and the transaction's ``COMMIT``, one wait.
 
     For the last statement of a transaction: where :func:`owns_transaction`
@@ -368,17 +390,28 @@ def fetchone_prepared_then_commit(sql: str, params: Any = ()) -> tuple[Any, ...]
     deferred constraint) raises its own, the transaction already ended.
     Django's block then finds the connection idle: its commit (or rollback)
     sends nothing, and its ``on_commit`` callbacks run as usual.
+
+    ``then``: a statement sent behind the ``COMMIT``, in the same wait, as a
+    transaction of its own (:class:`AfterCommit`); its outcome is left on it,
+    never raised here.
     """
     wrapper, cur = _ready_cursor()
     with wrapper.wrap_database_errors:
         direct = _committing(wrapper, cur)
         if direct is None:
             return _fetchone_on(cur, sql, params)
-        pgresults = direct.pipeline([(sql, params)], commit=True)
-        error = direct.first_error(pgresults)
+        after = () if then is None or then.sent else ((then.sql, then.params),)
+        pgresults = direct.pipeline([(sql, params)], commit=True, after=after)
+        if after:
+            assert then is not None
+            then.sent = True
+            then.error = direct.first_error(pgresults[2:])
+            if then.error is None:
+                then.row = direct.first_row(pgresults[2])
+        error = direct.first_error(pgresults[:2])
         if error is not None:
             raise error
-        if pgresults[-1].command_status != b"COMMIT":  # a transaction that had failed before
+        if pgresults[1].command_status != b"COMMIT":  # a transaction that had failed before
             raise psycopg.errors.InFailedSqlTransaction("the transaction rolled back at COMMIT")
         return direct.first_row(pgresults[0])
 

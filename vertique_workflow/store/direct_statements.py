@@ -147,7 +147,13 @@ class Statements:
                 self.names[key] = name
             return self._check(pgconn.exec_prepared(name, values, param_formats=formats))
 
-    def pipeline(self, statements: Sequence[tuple[str, Any]], *, commit: bool = False) -> list[Any]:
+    def pipeline(
+        self,
+        statements: Sequence[tuple[str, Any]],
+        *,
+        commit: bool = False,
+        after: Sequence[tuple[str, Any]] = (),
+    ) -> list[Any]:
         """The results of ``statements`` sent as one pipeline with one Sync: one wait.
 
         Outside a transaction the statements up to the Sync are one
@@ -162,29 +168,35 @@ class Statements:
         either, so the transaction is left failed for its owner to roll
         back; a ``COMMIT`` that fails (a deferred constraint) has ended the
         transaction, and :func:`first_error` gives its error.
+
+        ``after``: statements sent behind the Sync, with a Sync of their own,
+        in the same wait; their results follow (``COMMIT``'s, then theirs).
+        With ``commit`` they run once the transaction has committed, as an
+        implicit transaction of their own committed at their Sync; when the
+        statements or the ``COMMIT`` failed, the transaction is left open
+        and failed, and they fail without running (SQLSTATE 25P02).
         """
         bound = [self._bind(sql, params) for sql, params in statements]
+        bound_after = [self._bind(sql, params) for sql, params in after]
         self._forget_if_deallocated()
         pgconn = self.pgconn
+        preparing: list[tuple[str, Any]] = []
         with self.raw.lock:
             opens = self._opens_transaction()
             pgconn.enter_pipeline_mode()
             try:
                 if opens:
                     pgconn.send_query_params(b"BEGIN", None)
-                preparing: list[tuple[tuple[str, Any], bytes]] = []
-                for key, query, values, types, formats in bound:
-                    name = self.names.get(key)
-                    if name is None:
-                        name = self._new_name()
-                        pgconn.send_prepare(name, query, param_types=types)
-                        preparing.append((key, name))
-                        self.names[key] = name  # undone below unless its PREPARE succeeds
-                    pgconn.send_query_prepared(name, values, param_formats=formats)
+                self._send(bound, preparing)
                 if commit:
                     pgconn.send_query_params(b"COMMIT", None)
                 pipeline_sync.sync(pgconn)  # the send, without the interpreter lock
+                if bound_after:
+                    self._send(bound_after, preparing)
+                    pipeline_sync.sync(pgconn)
                 results = self._read_until_sync()
+                if bound_after:
+                    results += self._read_until_sync()
             except BaseException:
                 with contextlib.suppress(psycopg.Error):  # a broken connection: keep its error
                     pgconn.exit_pipeline_mode()
@@ -195,18 +207,36 @@ class Statements:
                 self.names.pop(key, None)
             raise self.error(results[0])
         # the results in order: BEGIN, then each PREPARE before its statement
-        prepared_ok = iter(results[int(opens) :])
-        out = []
+        in_order = iter(results[int(opens) :])
         pending = {key for key, _ in preparing}
+        out = self._results_of(bound, pending, in_order)
+        if commit:
+            out.append(next(in_order))
+        out.extend(self._results_of(bound_after, pending, in_order))
+        return out  # a 26000 among them forgets our names when first_error raises it
+
+    def _send(self, bound: list[Any], preparing: list[tuple[str, Any]]) -> None:
+        """Queue the bound statements, each prepared first where this session lacks its name."""
+        pgconn = self.pgconn
+        for key, query, values, types, formats in bound:
+            name = self.names.get(key)
+            if name is None:
+                name = self._new_name()
+                pgconn.send_prepare(name, query, param_types=types)
+                preparing.append((key, name))
+                self.names[key] = name  # undone in _results_of unless its PREPARE succeeds
+            pgconn.send_query_prepared(name, values, param_formats=formats)
+
+    def _results_of(self, bound: list[Any], pending: set[Any], results: Any) -> list[Any]:
+        """The results of ``bound`` taken from ``results``, each PREPARE's checked and skipped."""
+        out = []
         for key, _, _, _, _ in bound:
             if key in pending:
                 pending.discard(key)
-                if next(prepared_ok).status != _COMMAND_OK:
+                if next(results).status != _COMMAND_OK:
                     self.names.pop(key, None)
-            out.append(next(prepared_ok))
-        if commit:
-            out.append(next(prepared_ok))
-        return out  # a 26000 among them forgets our names when first_error raises it
+            out.append(next(results))
+        return out
 
     def _read_until_sync(self) -> list[Any]:
         """Every result up to the pipeline's Sync, waiting on the socket without the GIL."""

@@ -274,6 +274,7 @@ def persist(
     legacy_baseline: bool,
     signal: bool = True,
     commit: bool = False,
+    then: db.AfterCommit | None = None,
 ) -> bool:
     """Write the transition; True when written.
 
@@ -298,7 +299,10 @@ def persist(
     transaction's ``COMMIT`` goes in the persist's own pipeline, one wait
     less a segment, where :func:`db.owns_transaction` allows it (one
     outermost ``atomic`` block; inside another block, a test's or the
-    caller's, the block commits as usual).
+    caller's, the block commits as usual). ``then``: with ``commit``, a
+    statement sent behind the ``COMMIT`` in the same wait, as a transaction
+    of its own (the executor's next claim; ``db.AfterCommit``); not sent
+    where the ``COMMIT`` cannot go with the persist.
     """
     unknown = common.keys() - SHARED_COLUMNS
     if unknown:
@@ -309,26 +313,26 @@ def persist(
         statement = OWN_PERSIST_SIGNAL if signal else OWN_PERSIST
     else:
         statement = PERSIST_SIGNAL if signal else PERSIST
-    run = db.fetchone_prepared_then_commit if commit else db.fetchone_prepared
-    result = run(
-        statement,
-        {
-            **{f"shared_{column}": common.get(column) for column in SHARED_COLUMNS},
-            **{f"fb_{column}": actor.get(column) for column in ACTOR_COLUMNS},
-            "wf": instance.id,
-            "version": instance.version,
-            "new_version": max(new_version, instance.version + 1),
-            "legacy_baseline": legacy_baseline,
-            "status": status,
-            "step": current_step,
-            "state": json.dumps(state),
-            "error_type": error_type,
-            "error_message": error_message,
-            "subject": None if subject is None else json.dumps(subject),
-            "ended": ended,
-            "entries": json.dumps(rows, default=str),
-            "command": command_id,
-            "token": token,
-        },
-    )
+    params = {
+        **{f"shared_{column}": common.get(column) for column in SHARED_COLUMNS},
+        **{f"fb_{column}": actor.get(column) for column in ACTOR_COLUMNS},
+        "wf": instance.id,
+        "version": instance.version,
+        "new_version": max(new_version, instance.version + 1),
+        "legacy_baseline": legacy_baseline,
+        "status": status,
+        "step": current_step,
+        "state": json.dumps(state),
+        "error_type": error_type,
+        "error_message": error_message,
+        "subject": None if subject is None else json.dumps(subject),
+        "ended": ended,
+        "entries": json.dumps(rows, default=str),
+        "command": command_id,
+        "token": token,
+    }
+    if commit:
+        result = db.fetchone_prepared_then_commit(statement, params, then)
+    else:
+        result = db.fetchone_prepared(statement, params)
     return result is not None and result[0] == 1
