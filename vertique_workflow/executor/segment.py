@@ -230,7 +230,9 @@ def run_claimed(claim: Claimed, plan: Plan | None, node_id: str, *, chain: bool 
     transaction of its own that runs only once the segment has committed.
     What it claimed comes back as :attr:`Outcome.chained`, for the worker to
     run next — one wait on the server less for each command of a busy
-    queue. A segment that fails, or commits otherwise, claims nothing so.
+    queue. A segment whose writes fail, or that commits otherwise, claims
+    nothing so; a ``COMMIT`` that fails has ended the transaction, and the
+    claim behind it runs as its own (the failed command takes its retry).
 
     The segment runs under its deadline (``executor/deadline.py``). Failures:
     a retryable database error or the deadline restores the attempt and backs
