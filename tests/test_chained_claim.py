@@ -116,8 +116,9 @@ def test_a_commit_that_fails_still_lets_the_claim_run_as_its_own_transaction(ref
 
 
 def test_a_stopping_worker_releases_the_command_it_claimed_and_did_not_run(monkeypatch):
-    # more than the first turn of the general path takes (it peeks 4 heads and chains nothing)
-    refs = [wf.start("order", {"amount": 0}, idempotency_key=f"s{i}") for i in range(8)]
+    # far more than a turn of the general path takes (it peeks 4 heads and chains nothing;
+    # one comes every second, so a slow machine may run several before the first chain)
+    refs = [wf.start("order", {"amount": 0}, idempotency_key=f"s{i}") for i in range(40)]
     executor = daemon.Executor(
         daemon.ExecutorOptions(concurrency=1, relay=False, stats_interval=0, until_idle=True)
     )
@@ -145,7 +146,7 @@ def test_a_stopping_worker_releases_the_command_it_claimed_and_did_not_run(monke
 
 
 def test_a_busy_executor_runs_chained_claims_until_the_queue_is_empty(monkeypatch):
-    refs = [wf.start("order", {"amount": 0}, idempotency_key=f"q{i}") for i in range(12)]
+    refs = [wf.start("order", {"amount": 0}, idempotency_key=f"q{i}") for i in range(40)]
     seen: list = []
     original = executor_segment.run_claimed
 
@@ -160,7 +161,7 @@ def test_a_busy_executor_runs_chained_claims_until_the_queue_is_empty(monkeypatc
     )
     assert executor.run() == 0
     assert {wf.get(ref.id).status for ref in refs} == {"COMPLETED"}
-    assert executor.stats.snapshot()["completed"] == 12
+    assert executor.stats.snapshot()["completed"] == 40
     assert any(outcome.chained is not None for outcome in seen)
     assert not WorkflowCommand.objects.filter(state="CLAIMED").exists()
 
