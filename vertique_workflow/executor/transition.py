@@ -107,7 +107,7 @@ def persist(
         and any(e.event_type == "STATE_BASELINE" for e in entries),
         signal=kind is None or kind == "SIGNAL",
         commit=commit,
-        then=then if commit else None,
+        then=then,  # sent only with the COMMIT (store/segment.persist)
     ):
         raise OptimisticConflict()
 

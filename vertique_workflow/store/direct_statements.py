@@ -180,7 +180,7 @@ class Statements:
         bound_after = [self._bind(sql, params) for sql, params in after]
         self._forget_if_deallocated()
         pgconn = self.pgconn
-        preparing: list[tuple[str, Any]] = []
+        preparing: list[tuple[tuple[str, Any], bytes]] = []  # (key, name) prepared here
         with self.raw.lock:
             opens = self._opens_transaction()
             pgconn.enter_pipeline_mode()
@@ -215,7 +215,7 @@ class Statements:
         out.extend(self._results_of(bound_after, pending, in_order))
         return out  # a 26000 among them forgets our names when first_error raises it
 
-    def _send(self, bound: list[Any], preparing: list[tuple[str, Any]]) -> None:
+    def _send(self, bound: list[Any], preparing: list[tuple[tuple[str, Any], bytes]]) -> None:
         """Queue the bound statements, each prepared first where this session lacks its name."""
         pgconn = self.pgconn
         for key, query, values, types, formats in bound:
