@@ -10,7 +10,8 @@ slow minute of the shared machine lands on both sides of a ratio), it measures:
 
 - drains: our 3-action workflow and our one-wait workflow (start -> wait ->
   signal -> end) drained by real ``workflow_executor`` processes (1x1, 1x4,
-  2x4: processes x worker threads); Procrastinate's no-op job drained by one
+  2x4: processes x worker threads; each set up first and all let go together,
+  ``benchmarks/gated_executor.py``); Procrastinate's no-op job drained by one
   worker (concurrency 1 and 4); DBOS's 3-step workflow (``start_workflow``,
   in one process). Rates from the database clock: units / (last finish -
   first start) for ours and Procrastinate (history / procrastinate_events),
@@ -76,6 +77,7 @@ from benchmarks.executor_benchmark import (  # noqa: E402
     url_for,
 )
 from benchmarks.executor_benchmark import run_order as alternate  # noqa: E402
+from benchmarks.gated_executor import READY  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 # Units each system runs before the figures (so no drain starts on empty tables).
@@ -349,17 +351,20 @@ class Ours:
         until_idle: bool = True,
         env: dict[str, str] | None = None,
     ) -> list[Any]:
-        args = ["workflow_executor", "-v", "0", "--concurrency", str(threads), "--no-relay"]
+        """``processes`` executor processes of ``threads`` workers, let go together.
+
+        Each is started through :mod:`benchmarks.gated_executor` and waits, set up
+        and imported, until every one of them is: a drain's span (first start to
+        last completion) then holds no process's start-up, however many there are.
+        """
+        args = ["-v", "0", "--concurrency", str(threads), "--no-relay"]
         args += ["--until-idle"] if until_idle else []
         environment = {**os.environ, "DATABASE_URL": self.url, "PYTHONPATH": str(ROOT)}
-        return [
-            subprocess.Popen(
-                [sys.executable, "-m", "django", *args],
-                cwd=ROOT,
-                env={**environment, **(env or {})},
-            )
-            for _ in range(processes)
-        ]
+        return start_together(
+            [sys.executable, "-m", "benchmarks.gated_executor", *args],
+            {**environment, **(env or {})},
+            processes,
+        )
 
     def drain(self, meter: Meter, count: int, processes: int, threads: int, kind: str) -> dict:
         marker = last_id(self.url, "workflow_history")
@@ -597,6 +602,28 @@ def checkpoint_line(enabled: bool, allowed: bool) -> str:
     if not allowed:
         return "checkpoints: when the server runs them (the role may not checkpoint)"
     return "checkpoints: one before every scenario (none starts during a drain)"
+
+
+def start_together(command: list[str], env: dict[str, str], count: int) -> list[Any]:
+    """``count`` gated processes (:mod:`benchmarks.gated_executor`), released once all are ready."""
+    procs = [
+        subprocess.Popen(
+            command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(count)
+    ]
+    try:
+        for proc in procs:
+            line = proc.stdout.readline().strip()
+            if line != READY:
+                raise RuntimeError(f"an executor process did not get ready: {line!r}")
+    except BaseException:
+        stop_all(procs)
+        raise
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+    return procs
 
 
 def wait_all(procs: list[Any]) -> None:
