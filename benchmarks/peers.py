@@ -617,6 +617,7 @@ def start_together(command: list[str], env: dict[str, str], count: int) -> list[
             line = proc.stdout.readline().strip()
             if line != READY:
                 raise RuntimeError(f"an executor process did not get ready: {line!r}")
+            proc.stdout.close()  # the process writes its output to standard error from here
     except BaseException:
         stop_all(procs)
         raise
