@@ -11,9 +11,9 @@ would. Its standard output goes to standard error after ``ready``.
 
 Why: a drain by two processes started together measured the second one's
 start-up too. The first process to finish importing began draining on both
-cores and the other imported on what was left, so the other's first claim came
-0.1 to 0.9 s after the first's in drains of 2.4 to 4.2 s (scratch runs on 7
-December 2026): the 2x4 rate paid for a process start that the 1x1 and 1x4
+cores and the other imported on what was left, so the other's first start came
+up to 0.87 s after the first's (0.01 to 0.87 s in eleven scratch 2x4 drains of
+2.3 to 6.9 s on 7 December 2026): the 2x4 rate paid for a process start that the 1x1 and 1x4
 drains (one process, started before its first claim) never see in their span.
 The peers benchmark starts every drain's processes through this gate and lets
 them all go together (:meth:`benchmarks.peers.Ours.executors`).
