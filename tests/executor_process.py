@@ -18,6 +18,17 @@ from django.db import connection
 from tests.conftest import ROOT, connect, database_url
 
 
+def process_environment(settings: dict[str, Any] | None = None) -> dict[str, str]:
+    """The environment of a Django process on the test database (tests.settings, ``settings``)."""
+    return dict(
+        os.environ,
+        DATABASE_URL=database_url(connection.settings_dict["NAME"]),
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        VERTIQUE_TEST_SETTINGS_JSON=json.dumps(settings or {}),
+        PYTHONPATH=str(ROOT),
+    )
+
+
 class ExecutorProcess:
     """One executor subprocess; its log goes to a temporary file."""
 
@@ -25,13 +36,7 @@ class ExecutorProcess:
         self, *args: str, settings: dict[str, Any] | None = None, env: dict[str, str] | None = None
     ) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix="executor-", suffix=".log")[1])
-        full_env = dict(
-            os.environ,
-            DATABASE_URL=database_url(connection.settings_dict["NAME"]),
-            DJANGO_SETTINGS_MODULE="tests.settings",
-            VERTIQUE_TEST_SETTINGS_JSON=json.dumps(settings or {}),
-            PYTHONPATH=str(ROOT),
-        )
+        full_env = process_environment(settings)
         full_env.update(env or {})
         self._log = self.log_path.open("w")
         self._final_log: str | None = None

@@ -8,18 +8,16 @@ to what it promises: nothing runs before the go, after it the process is
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
-from django.db import connection
 
 import vertique_workflow as wf
 from benchmarks.gated_executor import READY
 from benchmarks.peers import start_together, wait_all
-from tests.conftest import ROOT, database_url
-from tests.executor_process import server_query
+from tests.conftest import ROOT
+from tests.executor_process import process_environment, server_query
 from tests.flows.models import Shipment
 from vertique_workflow import tables
 
@@ -29,20 +27,11 @@ T = tables.sql_names()
 ARGS = ["-v", "0", "--concurrency", "2", "--no-relay", "--until-idle"]
 
 
-def environment() -> dict[str, str]:
-    return dict(
-        os.environ,
-        DATABASE_URL=database_url(connection.settings_dict["NAME"]),
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        PYTHONPATH=str(ROOT),
-    )
-
-
 def gated() -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "benchmarks.gated_executor", *ARGS],
         cwd=ROOT,
-        env=environment(),
+        env=process_environment(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -105,6 +94,6 @@ def test_a_gated_executor_whose_input_closes_before_the_go_exits_without_running
 def test_processes_started_together_are_let_go_and_drain_the_queue():
     record(12)
     command = [sys.executable, "-m", "benchmarks.gated_executor", *ARGS]
-    wait_all(start_together(command, environment(), 2))
+    wait_all(start_together(command, process_environment(), 2))
     assert start_states() == ["COMPLETE"] * 12
     assert Shipment.objects.count() == 12
