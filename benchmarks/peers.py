@@ -38,8 +38,10 @@ earlier rows nor the full-page writes that follow a checkpoint land in a drain.
 
 The medians over the repetitions are printed with each ratio ours / peer,
 then in how many repetitions a second executor process raised our 3-action
-rate (2x4 against the 1x4 drain next to it) and the cores each drain kept busy
-(its rate times its CPU per unit).
+rate (2x4 against the 1x4 drain next to it), the same 1x4 drain run again on
+the 2x4 drain's other side (A/A: how far the machine moved on its own between
+two drains) with 2x4 against the mean of the two, and the cores each drain kept
+busy (its rate times its CPU per unit).
 The figures need the ``bench`` extra (``pip install -e ".[bench]"``); a peer
 that is not installed is reported and its ratios left out.
 """
@@ -835,6 +837,27 @@ def second_process(results: Results) -> None:
     )
     if any(marked):
         print("(*: the server counted a checkpoint during one of the two drains)")
+    around(one, two, results.values(AGAIN, "rate"))
+
+
+def around(one: list[float], two: list[float], again: list[float]) -> None:
+    """The 2x4 drain against the two 1x4 drains around it, and those two against each other.
+
+    The same drain run twice a minute apart (A/A) is how far this machine moves
+    on its own: a 2x4 / 1x4 ratio inside that spread says nothing about a second
+    process. Against the mean of its two neighbours the 2x4 drain is compared
+    with the machine on both sides of it, so a steady drift cancels.
+    """
+    if not again or len(again) != len(one):
+        return
+    same = [b / a for a, b in zip(one, again, strict=True)]
+    both = [t / ((a + b) / 2) for a, b, t in zip(one, again, two, strict=True)]
+    print(
+        f"the same 1x4 drain twice, before and after the 2x4 drain (A/A): "
+        f"{min(same):.2f} to {max(same):.2f}; 2x4 / the mean of the two: "
+        f"{min(both):.2f} to {max(both):.2f}, above 1 in {sum(r > 1 for r in both)} "
+        f"of {len(both)} repetitions"
+    )
 
 
 def drain_cores(figures: dict[str, float]) -> tuple[float, float] | None:
@@ -908,9 +931,13 @@ def commit_waits(results: Results, waits: Sequence[CommitWait]) -> None:
 # between the repetitions of one run). Each group's scenarios run back to back, in
 # the listed order in even repetitions and reversed in odd ones, so neither side of a
 # ratio always runs first.
+AGAIN = "ours 3-action 1x4 again"
 GROUPS: list[list[str]] = [
     [
-        "ours 3-action 2x4",  # next to 1x4: does a second process raise the rate?
+        # 2x4 between two 1x4 drains: does a second process raise the rate, and how
+        # far did the machine move while it ran (the same drain twice, A/A)?
+        AGAIN,
+        "ours 3-action 2x4",
         "ours 3-action 1x4",
         "procrastinate C=4",
         "dbos 3-step",
@@ -1016,6 +1043,7 @@ def main() -> None:
         available: dict[str, Callable[[], Any]] = {
             "ours 3-action 1x1": lambda: ours.drain(meter, n, 1, 1, "three"),
             "ours 3-action 1x4": lambda: ours.drain(meter, n, 1, 4, "three"),
+            AGAIN: lambda: ours.drain(meter, n, 1, 4, "three"),
             "ours 3-action 2x4": lambda: ours.drain(meter, n, 2, 4, "three"),
             "ours one-wait 1x4": lambda: ours.drain(meter, n, 1, 4, "wait"),
             "ours start each": lambda: each("ours"),

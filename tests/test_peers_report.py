@@ -157,3 +157,33 @@ def test_the_one_at_a_time_pair_alternates_its_slices_and_runs_the_work_after():
     ]  # fmt: skip
     # each side's count over the sum of its slices
     assert rates == {"ours": 1000 / 2.0, "proc": 1000 / 1.0}
+
+
+def test_the_report_sets_the_second_process_against_the_same_drain_run_twice(capsys):
+    results = Results()
+    for one, two, again in ((1300.0, 1450.0, 1250.0), (1320.0, 1200.0, 1100.0)):
+        results.add("ours 3-action 1x4", {"rate": one})
+        results.add("ours 3-action 2x4", {"rate": two})
+        results.add("ours 3-action 1x4 again", {"rate": again})
+    report(results, limit=7000.0)
+    out = capsys.readouterr().out
+    # A/A: 1250/1300 = 0.96, 1100/1320 = 0.83; 2x4 / mean: 1450/1275 = 1.14, 1200/1210 = 0.99
+    assert (
+        "the same 1x4 drain twice, before and after the 2x4 drain (A/A): 0.83 to 0.96; "
+        "2x4 / the mean of the two: 0.99 to 1.14, above 1 in 1 of 2 repetitions"
+    ) in out
+
+
+def test_without_the_second_1x4_drain_the_report_prints_no_a_a_line(capsys):
+    results = Results()
+    results.add("ours 3-action 1x4", {"rate": 1300.0})
+    results.add("ours 3-action 2x4", {"rate": 1450.0})
+    report(results, limit=7000.0)
+    assert "(A/A)" not in capsys.readouterr().out
+
+
+def test_the_2x4_drain_runs_between_the_two_1x4_drains_in_every_repetition():
+    for repetition in range(4):
+        order = run_order(GROUPS, repetition)
+        two = order.index("ours 3-action 2x4")
+        assert {order[two - 1], order[two + 1]} == {"ours 3-action 1x4", "ours 3-action 1x4 again"}
