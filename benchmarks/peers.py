@@ -925,13 +925,15 @@ def commit_waits(results: Results, waits: Sequence[CommitWait]) -> None:
     )
 
 
+# The 1x4 drain run a second time, on the 2x4 drain's other side (A/A).
+AGAIN = "ours 3-action 1x4 again"
+
 # The scenarios a ratio compares run next to each other: a shared machine's speed
 # drifts over minutes, and a ratio of figures measured a minute apart measured the
 # drift too (on 6 December 2026 Procrastinate's own C=4 drain moved from 594 to 867/s
 # between the repetitions of one run). Each group's scenarios run back to back, in
 # the listed order in even repetitions and reversed in odd ones, so neither side of a
 # ratio always runs first.
-AGAIN = "ours 3-action 1x4 again"
 GROUPS: list[list[str]] = [
     [
         # 2x4 between two 1x4 drains: does a second process raise the rate, and how
