@@ -838,6 +838,13 @@ def second_process(results: Results) -> None:
     if any(marked):
         print("(*: the server counted a checkpoint during one of the two drains)")
     around(one, two, results.values(AGAIN, "rate"))
+    cpu = [results.values(name, "pg_cpu_ms") for name in ("ours 3-action 1x4", AGAIN)]
+    cpu_around(cpu[0], results.values("ours 3-action 2x4", "pg_cpu_ms"), cpu[1])
+
+
+def over_neighbours(one: list[float], two: list[float], again: list[float]) -> list[float]:
+    """Each repetition's 2x4 figure over the mean of the two 1x4 figures around it."""
+    return [t / ((a + b) / 2) for a, b, t in zip(one, again, two, strict=True)]
 
 
 def around(one: list[float], two: list[float], again: list[float]) -> None:
@@ -851,13 +858,28 @@ def around(one: list[float], two: list[float], again: list[float]) -> None:
     if not again or len(again) != len(one):
         return
     same = [b / a for a, b in zip(one, again, strict=True)]
-    both = [t / ((a + b) / 2) for a, b, t in zip(one, again, two, strict=True)]
+    both = over_neighbours(one, two, again)
     print(
         f"the same 1x4 drain twice, before and after the 2x4 drain (A/A): "
         f"{min(same):.2f} to {max(same):.2f}; 2x4 / the mean of the two: "
         f"{min(both):.2f} to {max(both):.2f}, above 1 in {sum(r > 1 for r in both)} "
         f"of {len(both)} repetitions"
     )
+
+
+def cpu_around(one: list[float], two: list[float], again: list[float]) -> None:
+    """The 2x4 drain's PostgreSQL CPU an instance over that of the 1x4 drains around it.
+
+    Both run the same statements on the same buffers an instance
+    (docs/performance.md, "What a second process costs the backends"), yet in most
+    repetitions a second process lowered the rate the 2x4 drain's backends spent a
+    quarter to a half more CPU an instance: printed per repetition, in order, so a
+    lowered rate can be read against it (and against the A/A line above it).
+    """
+    if not again or not len(one) == len(two) == len(again) or 0.0 in one + again:
+        return
+    ratios = ", ".join(f"{r:.2f}" for r in over_neighbours(one, two, again))
+    print(f"PostgreSQL CPU an instance, 2x4 / the mean of the two 1x4 drains: {ratios}")
 
 
 def drain_cores(figures: dict[str, float]) -> tuple[float, float] | None:

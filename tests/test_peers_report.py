@@ -188,3 +188,25 @@ def test_the_2x4_drain_runs_between_the_two_1x4_drains_in_every_repetition():
         order = run_order(GROUPS, repetition)
         two = order.index("ours 3-action 2x4")
         assert {order[two - 1], order[two + 1]} == {"ours 3-action 1x4", AGAIN}
+
+
+def test_the_report_sets_the_2x4_drains_backend_cpu_against_its_two_neighbours(capsys):
+    results = Results()
+    for one, two, again in ((0.80, 1.20, 0.70), (0.90, 0.90, 1.10)):
+        results.add("ours 3-action 1x4", {"rate": 1300.0, "pg_cpu_ms": one})
+        results.add("ours 3-action 2x4", {"rate": 1200.0, "pg_cpu_ms": two})
+        results.add(AGAIN, {"rate": 1250.0, "pg_cpu_ms": again})
+    report(results, limit=7000.0)
+    # 1.20 / 0.75 = 1.60, 0.90 / 1.00 = 0.90, in the order of the repetitions
+    assert (
+        "PostgreSQL CPU an instance, 2x4 / the mean of the two 1x4 drains: 1.60, 0.90"
+    ) in capsys.readouterr().out
+
+
+def test_without_cpu_figures_of_every_drain_the_report_prints_no_cpu_line(capsys):
+    results = Results()
+    results.add("ours 3-action 1x4", {"rate": 1300.0, "pg_cpu_ms": 0.8})
+    results.add("ours 3-action 2x4", {"rate": 1200.0, "pg_cpu_ms": 1.2})
+    results.add(AGAIN, {"rate": 1250.0})
+    report(results, limit=7000.0)
+    assert "PostgreSQL CPU an instance, 2x4" not in capsys.readouterr().out
