@@ -40,8 +40,9 @@ The medians over the repetitions are printed with each ratio ours / peer,
 then in how many repetitions a second executor process raised our 3-action
 rate (2x4 against the 1x4 drain next to it), the same 1x4 drain run again on
 the 2x4 drain's other side (A/A: how far the machine moved on its own between
-two drains) with 2x4 against the mean of the two, and the cores each drain kept
-busy (its rate times its CPU per unit).
+two drains) with 2x4 against the mean of the two, the 2x4 drain's PostgreSQL
+CPU an instance over that of its two 1x4 neighbours in each repetition, and the
+cores each drain kept busy (its rate times its CPU per unit).
 The figures need the ``bench`` extra (``pip install -e ".[bench]"``); a peer
 that is not installed is reported and its ratios left out.
 """
@@ -838,8 +839,11 @@ def second_process(results: Results) -> None:
     if any(marked):
         print("(*: the server counted a checkpoint during one of the two drains)")
     around(one, two, results.values(AGAIN, "rate"))
-    cpu = [results.values(name, "pg_cpu_ms") for name in ("ours 3-action 1x4", AGAIN)]
-    cpu_around(cpu[0], results.values("ours 3-action 2x4", "pg_cpu_ms"), cpu[1])
+    one_cpu, two_cpu, again_cpu = (
+        results.values(name, "pg_cpu_ms")
+        for name in ("ours 3-action 1x4", "ours 3-action 2x4", AGAIN)
+    )
+    cpu_around(one_cpu, two_cpu, again_cpu)
 
 
 def over_neighbours(one: list[float], two: list[float], again: list[float]) -> list[float]:
